@@ -1,0 +1,23 @@
+# The two commands of the README: `make up` (build the default model, serve it) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install up test test-all lint protos
+
+install:
+	@./scripts/install.sh
+
+up: install
+	$(VENV)/bin/slimserve up
+
+test: install
+	$(PY) -m pytest -q
+
+test-all: install
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+protos: install
+	$(PY) -m slimserve.protos_gen
