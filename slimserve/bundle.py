@@ -1,0 +1,134 @@
+"""The serving bundle: everything a service needs to speak for one model version.
+
+Written by the export next to the Triton model (``<repo>/<model>/<version>/bundle/``), read by the
+services. Its ``content_hash`` covers the tokenizer, the prompt template version, the label tokens, the
+length buckets and the model weights; the same hash is stamped into the Triton model's config
+(parameter ``slimserve_bundle_hash``) so a service refuses to serve a model it was not built for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+BUNDLE_DIR = "bundle"
+BUNDLE_FILE = "bundle.json"
+TOKENIZER_FILE = "tokenizer.json"
+BUNDLE_HASH_PARAMETER = "slimserve_bundle_hash"
+BUNDLE_SCHEMA_VERSION = 1
+
+
+class BundleError(ValueError):
+    """A serving bundle is missing, malformed or does not match its content."""
+
+
+@dataclass(frozen=True)
+class TensorNames:
+    """Tensor names shared by the ONNX graph, the Triton config, the bundle and the client."""
+
+    input_ids: str = "input_ids"
+    attention_mask: str = "attention_mask"
+    score: str = "score"
+    # Extra output of the CPU python-backend scorer: compute time of the batch the request ran in.
+    compute_ms: str = "compute_ms"
+
+
+@dataclass(frozen=True)
+class ServingBundle:
+    """What a service must know about the model version it calls."""
+
+    model_name: str
+    model_version: int
+    task: str
+    prompt_template_version: str
+    yes_token_id: int
+    no_token_id: int
+    length_buckets: tuple[int, ...]
+    max_batch_size: int
+    tokenizer_sha256: str
+    source_model: str = ""
+    tensors: TensorNames = field(default_factory=TensorNames)
+    content_hash: str = ""
+
+    @property
+    def max_length(self) -> int:
+        """Longest sequence the model accepts (the largest bucket)."""
+        return max(self.length_buckets)
+
+    def manifest(self) -> dict:
+        """The bundle as JSON-ready data (what ``bundle.json`` holds)."""
+        data = asdict(self)
+        data["length_buckets"] = list(self.length_buckets)
+        data["schema_version"] = BUNDLE_SCHEMA_VERSION
+        return data
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compute_content_hash(bundle: ServingBundle, weight_hashes: dict[str, str]) -> str:
+    """Hash of the bundle's fields (without the hash itself) and of the model's weight files."""
+    manifest = bundle.manifest()
+    manifest.pop("content_hash", None)
+    payload = json.dumps({"bundle": manifest, "weights": weight_hashes}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def write_bundle(bundle: ServingBundle, directory: Path, tokenizer_file: Path) -> Path:
+    """Write ``bundle.json`` and the tokenizer into ``directory`` (created)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / TOKENIZER_FILE).write_bytes(Path(tokenizer_file).read_bytes())
+    path = directory / BUNDLE_FILE
+    path.write_text(json.dumps(bundle.manifest(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def load_bundle(directory: Path) -> ServingBundle:
+    """Read and check a bundle directory; raise ``BundleError`` naming what is wrong."""
+    directory = Path(directory)
+    path = directory / BUNDLE_FILE
+    if not path.is_file():
+        raise BundleError(f"no serving bundle at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
+    schema = data.pop("schema_version", None)
+    if schema != BUNDLE_SCHEMA_VERSION:
+        raise BundleError(f"{path}: schema_version {schema!r}, expected {BUNDLE_SCHEMA_VERSION}")
+    try:
+        tensors = TensorNames(**data.pop("tensors", {}))
+        bundle = ServingBundle(
+            **{**data, "length_buckets": tuple(data["length_buckets"]), "tensors": tensors}
+        )
+    except (TypeError, KeyError) as exc:
+        raise BundleError(f"{path}: malformed bundle: {exc}") from exc
+    tokenizer = directory / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise BundleError(f"{directory}: missing {TOKENIZER_FILE}")
+    if sha256_file(tokenizer) != bundle.tokenizer_sha256:
+        raise BundleError(f"{tokenizer}: content does not match tokenizer_sha256 in {BUNDLE_FILE}")
+    if not bundle.content_hash:
+        raise BundleError(f"{path}: content_hash is empty")
+    return bundle
+
+
+def bundle_dir_for(repository: Path, model_name: str, version: int | None = None) -> Path:
+    """The bundle directory of a model version in a repository (latest version when None)."""
+    model_dir = Path(repository) / model_name
+    if version is None:
+        versions = (
+            sorted(int(p.name) for p in model_dir.iterdir() if p.name.isdigit()) if model_dir.is_dir() else []
+        )
+        if not versions:
+            raise BundleError(f"no published version of model {model_name!r} in {repository}")
+        version = versions[-1]
+    return model_dir / str(version) / BUNDLE_DIR

@@ -1,0 +1,78 @@
+"""The scoring prompt template: the one place that turns a member and a candidate into model text.
+
+The template is versioned. Its version is recorded in the serving bundle at export and checked by the
+service, so a model is never served with a prompt it was not trained and exported with.
+"""
+
+from __future__ import annotations
+
+from .schema import Item, ItemKind, Member, Seniority
+
+SCORING_TEMPLATE_VERSION = "scoring-v1"
+
+# The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
+# because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
+YES_WORD = " Yes"
+NO_WORD = " No"
+
+_SENIORITY_TEXT = {
+    Seniority.UNSPECIFIED: "unspecified",
+    Seniority.INTERN: "intern",
+    Seniority.ENTRY: "entry level",
+    Seniority.MID: "mid level",
+    Seniority.SENIOR: "senior",
+    Seniority.LEAD: "lead",
+    Seniority.DIRECTOR: "director",
+    Seniority.EXECUTIVE: "executive",
+}
+
+_KIND_TEXT = {
+    ItemKind.UNSPECIFIED: "item",
+    ItemKind.JOB: "job",
+    ItemKind.COURSE: "course",
+    ItemKind.POST: "post",
+}
+
+
+def _join(values: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(v for v in values if v) or "none listed"
+
+
+def render_member(member: Member) -> str:
+    """Verbalize a member profile (360Brew style: short labelled lines)."""
+    remote = "yes" if member.open_to_remote else "no"
+    return (
+        f"Member headline: {member.headline or 'none'}\n"
+        f"Member skills: {_join(member.skills)}\n"
+        f"Member seniority: {_SENIORITY_TEXT[member.seniority]}, "
+        f"{member.years_experience:g} years of experience\n"
+        f"Member location: {member.location or 'unknown'} (open to remote: {remote})\n"
+        f"Member industries: {_join(member.industries)}\n"
+    )
+
+
+def render_item(item: Item) -> str:
+    """Verbalize a candidate item."""
+    kind = _KIND_TEXT[item.kind]
+    remote = "remote" if item.remote else "on site"
+    text = (
+        f"Candidate {kind}: {item.title or 'untitled'} at {item.company or 'unknown company'}\n"
+        f"Required skills: {_join(item.required_skills)}\n"
+        f"Level: {_SENIORITY_TEXT[item.seniority]}\n"
+        f"Location: {item.location or 'unknown'} ({remote})\n"
+        f"Industry: {item.industry or 'unknown'}\n"
+    )
+    if item.description:
+        text += f"Description: {item.description}\n"
+    return text
+
+
+def render_scoring_prompt(member: Member, item: Item) -> str:
+    """The full scoring prompt: profile, candidate, question, answer cue."""
+    kind = _KIND_TEXT[item.kind]
+    return (
+        f"{render_member(member)}"
+        f"{render_item(item)}"
+        f"Question: Will this member engage with this {kind}? Answer Yes or No.\n"
+        f"Answer:"
+    )

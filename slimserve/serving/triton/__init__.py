@@ -1,0 +1,1 @@
+"""Triton boundary: the server launcher and the one client module that imports tritonclient."""

@@ -1,0 +1,78 @@
+"""Prompt tokenization and length-bucket padding, shared by the export and the services.
+
+Uses the fast Rust ``tokenizers`` library only (no transformers), so the services stay small. Sequences
+are right-padded to the smallest bucket that holds them; Triton's dynamic batcher only merges requests
+of equal shape, so a few buckets keep batches large.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+# Tokens kept from the end of an over-long prompt: the question and the answer cue must survive.
+TAIL_TOKENS = 24
+
+
+class PromptTokenizer:
+    """Encodes prompts to token ids within a maximum length (head + tail kept when too long)."""
+
+    def __init__(self, tokenizer_file: Path, max_length: int, pad_token_id: int = 0):
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self.max_length = max_length
+        self.pad_token_id = pad_token_id
+
+    def token_id(self, text: str) -> int:
+        """The id of a text that must be exactly one token (a label word)."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens in this tokenizer, expected exactly 1")
+        return ids[0]
+
+    def encode(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids per prompt, truncated to ``max_length`` keeping head and tail."""
+        encodings = self._tokenizer.encode_batch(prompts, add_special_tokens=True)
+        return [truncate_head_tail(e.ids, self.max_length) for e in encodings]
+
+
+def truncate_head_tail(ids: list[int], max_length: int, tail: int = TAIL_TOKENS) -> list[int]:
+    """Cut the middle of a too-long sequence so its start and its last ``tail`` tokens remain."""
+    if len(ids) <= max_length:
+        return list(ids)
+    tail = min(tail, max_length // 2)
+    return list(ids[: max_length - tail]) + list(ids[-tail:])
+
+
+def bucket_for(length: int, buckets: tuple[int, ...] | list[int]) -> int:
+    """Smallest bucket holding ``length`` tokens."""
+    for bucket in sorted(buckets):
+        if length <= bucket:
+            return bucket
+    raise ValueError(f"sequence of {length} tokens exceeds the largest bucket {max(buckets)}")
+
+
+def group_by_bucket(sequences: list[list[int]], buckets: tuple[int, ...] | list[int]) -> dict[int, list[int]]:
+    """Indices of ``sequences`` grouped by the bucket each one pads to."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for index, seq in enumerate(sequences):
+        groups[bucket_for(len(seq), buckets)].append(index)
+    return dict(groups)
+
+
+def pad_batch(
+    sequences: list[list[int]], length: int, pad_token_id: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad sequences to ``length``: (input_ids, attention_mask), both int64 [n, length]."""
+    input_ids = np.full((len(sequences), length), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(sequences), length), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        if len(seq) > length:
+            raise ValueError(f"sequence of {len(seq)} tokens does not fit length {length}")
+        input_ids[row, : len(seq)] = seq
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask

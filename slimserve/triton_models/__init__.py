@@ -1,0 +1,1 @@
+"""Model files that run inside Triton (python backend). Self-contained: numpy, onnxruntime, pb_utils."""
