@@ -1,0 +1,65 @@
+"""torch2onnx for the scoring graph: fixed tensor names, dynamic batch and sequence axes."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..bundle import TensorNames
+from .scorer_graph import ScorerGraph
+
+log = logging.getLogger(__name__)
+
+# Weights above this go to an external data file (protobuf's 2 GiB limit, with margin).
+EXTERNAL_DATA_BYTES = 1_800_000_000
+DEFAULT_OPSET = 18
+DEFAULT_TENSORS = TensorNames()
+
+
+class ExportError(RuntimeError):
+    """The ONNX export or its parity check failed."""
+
+
+def _parameter_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def export_scorer_onnx(
+    graph: ScorerGraph,
+    path: Path,
+    sample_input_ids: torch.Tensor,
+    sample_attention_mask: torch.Tensor,
+    tensors: TensorNames = DEFAULT_TENSORS,
+    opset: int = DEFAULT_OPSET,
+) -> list[Path]:
+    """Export ``graph`` to ``path``; returns the files written (the graph, plus external data if any)."""
+    path = Path(path)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    sequence = torch.export.Dim("sequence", min=2, max=8192)
+    external = _parameter_bytes(graph) > EXTERNAL_DATA_BYTES
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(
+                graph.eval(),
+                (sample_input_ids, sample_attention_mask),
+                str(path),
+                input_names=[tensors.input_ids, tensors.attention_mask],
+                output_names=[tensors.score],
+                dynamic_shapes=({0: batch, 1: sequence}, {0: batch, 1: sequence}),
+                dynamo=True,
+                opset_version=opset,
+                external_data=external,
+                verbose=False,
+            )
+        except Exception as exc:  # the exporter raises many types; one error for the caller
+            raise ExportError(f"torch.onnx.export failed: {exc}") from exc
+    files = [path]
+    data = path.with_name(path.name + ".data")
+    if data.exists():
+        files.append(data)
+    log.info("exported %s (%s)", path, ", ".join(f.name for f in files))
+    return files

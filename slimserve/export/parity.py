@@ -1,0 +1,70 @@
+"""Check an exported scorer against PyTorch on real prompts: score difference and ranking agreement."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..tokenization import group_by_bucket, pad_batch
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """How closely the ONNX graph reproduces PyTorch on the same padded batches."""
+
+    prompts: int
+    max_abs_diff: float
+    tolerance: float
+    ranking_identical: bool
+    swapped_pairs: int
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.ranking_identical
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def swapped_pairs(reference: np.ndarray, candidate: np.ndarray, tie_tolerance: float) -> int:
+    """Pairs ordered differently by ``candidate`` than by ``reference`` (reference gaps <= tolerance are ties)."""
+    ref_gap = reference[:, None] - reference[None, :]
+    cand_gap = candidate[:, None] - candidate[None, :]
+    disagree = (np.sign(ref_gap) != np.sign(cand_gap)) & (np.abs(ref_gap) > tie_tolerance)
+    return int(np.triu(disagree, k=1).sum())
+
+
+def padded_batches(sequences: list[list[int]], buckets, batch_size: int, pad_token_id: int = 0):
+    """Yield (indices, input_ids, attention_mask) per bucket chunk, as the service sends them."""
+    for bucket, indices in sorted(group_by_bucket(sequences, buckets).items()):
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            ids, mask = pad_batch([sequences[i] for i in chunk], bucket, pad_token_id)
+            yield chunk, ids, mask
+
+
+def compare_scores(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> ParityReport:
+    """Parity verdict for two score vectors of the same prompts."""
+    tolerance = atol + rtol * float(np.max(np.abs(reference), initial=0.0))
+    diff = float(np.max(np.abs(reference - candidate), initial=0.0))
+    swaps = swapped_pairs(reference, candidate, tolerance)
+    return ParityReport(len(reference), diff, tolerance, swaps == 0, swaps)
+
+
+def check_scorer_parity(
+    graph, onnx_path, sequences: list[list[int]], buckets, atol: float = 1e-3, rtol: float = 1e-4
+) -> ParityReport:
+    """Score ``sequences`` with PyTorch and with ONNX Runtime (same padded batches) and compare."""
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    reference = np.zeros(len(sequences), dtype=np.float64)
+    candidate = np.zeros(len(sequences), dtype=np.float64)
+    with torch.no_grad():
+        for chunk, ids, mask in padded_batches(sequences, buckets, batch_size=8):
+            reference[chunk] = graph(torch.from_numpy(ids), torch.from_numpy(mask)).numpy().ravel()
+            candidate[chunk] = session.run(None, dict(zip(names, (ids, mask), strict=True)))[0].ravel()
+    return compare_scores(reference, candidate, atol, rtol)

@@ -1,0 +1,175 @@
+"""teacher2triton for scoring: load a causal LM, export the scoring graph, check parity, publish.
+
+This is the whole ``slimserve export`` command as one function; compression stages plug in before the
+ONNX step in later recipes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..bundle import ServingBundle, sha256_file
+from ..cache import cache_dir
+from ..examples import EXAMPLE_MEMBER, example_candidates
+from ..prompts import NO_WORD, SCORING_TEMPLATE_VERSION, YES_WORD, render_scoring_prompt
+from ..tokenization import PromptTokenizer, bucket_for, pad_batch
+from .model_card import scorer_model_card
+from .onnx_export import ExportError, export_scorer_onnx
+from .parity import ParityReport, check_scorer_parity
+
+log = logging.getLogger(__name__)
+
+
+class ScorerExportConfig(BaseModel):
+    """Settings of ``slimserve export`` (teacher -> scorer model in a Triton repository)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    teacher: str = Field(
+        "default",
+        description="'default' (packaged SmolLM2-135M-Instruct), 'tiny' (random tiny Llama) or a HF model directory",
+    )
+    seed: int = Field(0, description="Seed for the random tiny model")
+    model_repository: Path = Field(
+        Path("model_repository"), description="Triton model repository to publish into"
+    )
+    model_name: str = Field("scorer", description="Triton model name")
+    length_buckets: tuple[int, ...] = Field(
+        (96, 160, 256, 512), description="Sequence-length buckets (the largest is the max prompt length)"
+    )
+    max_batch_size: int = Field(64, ge=1, description="Triton max_batch_size")
+    max_queue_delay_us: int = Field(200, ge=0, description="Dynamic batcher: longest wait to grow a batch")
+    max_queue_size: int = Field(
+        1024, ge=0, description="Requests queued in Triton before RESOURCE_EXHAUSTED (0 = unbounded)"
+    )
+    default_timeout_us: int = Field(0, ge=0, description="Queue timeout when a request names none (0 = none)")
+    instance_count: int = Field(1, ge=1, description="Model instances (processes) in Triton")
+    intra_op_threads: int = Field(
+        0, ge=0, description="ONNX Runtime threads per instance (0 = cores / instances)"
+    )
+    opset: int = Field(18, ge=17, description="ONNX opset")
+    parity_atol: float = Field(1e-3, gt=0, description="Allowed absolute score difference ONNX vs PyTorch")
+    parity_rtol: float = Field(1e-4, ge=0, description="Allowed difference relative to the largest score")
+    parity_prompts: int = Field(24, ge=2, description="Real prompts used for the parity check")
+
+
+@dataclass
+class ExportResult:
+    """What an export produced and how long each step took."""
+
+    model_dir: Path
+    version: int
+    content_hash: str
+    parity: ParityReport
+    seconds: dict[str, float]
+
+
+def parity_prompts(count: int) -> list[str]:
+    """Real scoring prompts: the example member against varied candidates, some long (big buckets)."""
+    items = example_candidates(count)
+    long_tail = max(1, count // 6)
+    for index in range(long_tail):
+        item = items[-1 - index]
+        items[-1 - index] = dataclasses.replace(item, description=item.description * (6 + 6 * index))
+    return [render_scoring_prompt(EXAMPLE_MEMBER, item) for item in items]
+
+
+def _build_bundle(config: ScorerExportConfig, tokenizer: PromptTokenizer, tokenizer_file: Path, source: str):
+    return ServingBundle(
+        model_name=config.model_name,
+        model_version=0,  # set at publish
+        task="scoring",
+        prompt_template_version=SCORING_TEMPLATE_VERSION,
+        yes_token_id=tokenizer.token_id(YES_WORD),
+        no_token_id=tokenizer.token_id(NO_WORD),
+        length_buckets=tuple(sorted(config.length_buckets)),
+        max_batch_size=config.max_batch_size,
+        tokenizer_sha256=sha256_file(tokenizer_file),
+        source_model=source,
+    )
+
+
+def export_scorer(config: ScorerExportConfig, command: str | None = None) -> ExportResult:
+    """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
+    import torch
+
+    from .repository import publish_version
+    from .scorer_graph import ScorerGraph
+    from .scorer_model import scorer_model_files, scorer_triton_spec
+    from .teacher import load_teacher
+    from .triton_config import check_against_onnx
+
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    loaded = load_teacher(config.teacher, seed=config.seed)
+    seconds["load"] = time.perf_counter() - started
+
+    buckets = tuple(sorted(config.length_buckets))
+    tokenizer = PromptTokenizer(loaded.tokenizer_file, max_length=max(buckets))
+    bundle = _build_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
+    graph = ScorerGraph(loaded.model, bundle.yes_token_id, bundle.no_token_id).eval()
+    sequences = tokenizer.encode(parity_prompts(config.parity_prompts))
+    sample_ids, sample_mask = pad_batch(sequences[:2], bucket_for(max(map(len, sequences[:2])), buckets))
+
+    spec = scorer_triton_spec(
+        name=config.model_name,
+        max_batch_size=config.max_batch_size,
+        length_buckets=buckets,
+        max_queue_delay_us=config.max_queue_delay_us,
+        max_queue_size=config.max_queue_size,
+        default_timeout_us=config.default_timeout_us,
+        instance_count=config.instance_count,
+        intra_op_threads=config.intra_op_threads,
+        parameters={"source_model": loaded.name},
+    )
+    with tempfile.TemporaryDirectory(dir=cache_dir("export")) as tmp:
+        started = time.perf_counter()
+        onnx_files = export_scorer_onnx(
+            graph,
+            Path(tmp) / "model.onnx",
+            torch.from_numpy(sample_ids),
+            torch.from_numpy(sample_mask),
+            bundle.tensors,
+            config.opset,
+        )
+        seconds["onnx_export"] = time.perf_counter() - started
+        check_against_onnx(spec, onnx_files[0])
+
+        started = time.perf_counter()
+        parity = check_scorer_parity(
+            graph, onnx_files[0], sequences, buckets, config.parity_atol, config.parity_rtol
+        )
+        seconds["parity"] = time.perf_counter() - started
+        log.info("parity: %s", parity.as_dict())
+        if not parity.passed:
+            raise ExportError(
+                f"ONNX parity failed on {parity.prompts} prompts: max abs diff {parity.max_abs_diff:.3g} "
+                f"(tolerance {parity.tolerance:.3g}), {parity.swapped_pairs} ranking pairs swapped; nothing published"
+            )
+        card = scorer_model_card(
+            bundle,
+            parameters=sum(p.numel() for p in loaded.model.parameters()),
+            parity=parity,
+            onnx_bytes=sum(f.stat().st_size for f in onnx_files),
+            command=command or shlex.join(["slimserve", *sys.argv[1:]]),
+        )
+        started = time.perf_counter()
+        published = publish_version(
+            config.model_repository,
+            spec,
+            files=scorer_model_files(onnx_files[0]),
+            bundle=bundle,
+            tokenizer_file=loaded.tokenizer_file,
+            model_card=card,
+        )
+        seconds["publish"] = time.perf_counter() - started
+    return ExportResult(published.path, published.version, published.content_hash, parity, seconds)
