@@ -13,6 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .errors import UserError
+
 BUNDLE_DIR = "bundle"
 BUNDLE_FILE = "bundle.json"
 TOKENIZER_FILE = "tokenizer.json"
@@ -20,7 +22,7 @@ BUNDLE_HASH_PARAMETER = "slimserve_bundle_hash"
 BUNDLE_SCHEMA_VERSION = 1
 
 
-class BundleError(ValueError):
+class BundleError(UserError, ValueError):
     """A serving bundle is missing, malformed or does not match its content."""
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..bundle import TensorNames
+from ..errors import BuildError
 from .scorer_graph import ScorerGraph
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ DEFAULT_OPSET = 18
 DEFAULT_TENSORS = TensorNames()
 
 
-class ExportError(RuntimeError):
+class ExportError(BuildError):
     """The ONNX export or its parity check failed."""
 
 

