@@ -142,7 +142,7 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
             config.opset,
         )
         seconds["onnx_export"] = time.perf_counter() - started
-        check_against_onnx(spec, onnx_files[0])
+        check_against_onnx(spec, onnx_files[0], extra_outputs=(bundle.tensors.compute_ms,))
 
         started = time.perf_counter()
         parity = check_scorer_parity(

@@ -1,0 +1,137 @@
+"""The CPU scorer's Triton model: its config spec and the files that make one version.
+
+The model itself is ``slimserve/triton_models/onnx_scorer.py`` (python backend running ONNX Runtime),
+published as ``<version>/model.py`` next to ``<version>/model.onnx``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from slimserve.bundle import TensorNames
+from slimserve.export.triton_config import (
+    DynamicBatchingSpec,
+    InstanceGroupSpec,
+    TensorSpec,
+    TritonModelSpec,
+    WarmupSpec,
+)
+
+MODEL_PY = "model.py"
+MODEL_ONNX = "model.onnx"
+
+
+def scorer_model_source() -> Path:
+    """Path of the python-backend model file (``onnx_scorer.py``)."""
+    from slimserve.triton_models import onnx_scorer
+
+    return Path(onnx_scorer.__file__)
+
+
+def scorer_triton_spec(
+    name: str,
+    max_batch_size: int,
+    length_buckets: tuple[int, ...],
+    max_queue_delay_us: int = 2000,
+    max_queue_size: int = 0,
+    default_timeout_us: int = 0,
+    instance_count: int = 1,
+    intra_op_threads: int | None = None,
+    parameters: Mapping[str, str] | None = None,
+    warmup_batch_size: int = 8,
+) -> TritonModelSpec:
+    """Spec of the CPU scorer: token ids in, ``score`` and ``compute_ms`` out, dynamically batched.
+
+    One zero-data warmup per length bucket at batch 1, plus one batch of ``warmup_batch_size`` at the
+    smallest bucket (the graph must accept an all-zero attention mask). Warmup at the full batch and the
+    largest bucket would cost a minute per load for a 135M model on two cores. ``intra_op_threads`` None lets the model share the CPUs among its
+    instances.
+    """
+    if max_batch_size < 1:
+        raise ValueError(
+            f"max_batch_size must be >= 1 for a dynamically batched scorer, got {max_batch_size}"
+        )
+    if not length_buckets or any(b < 1 for b in length_buckets):
+        raise ValueError(f"length_buckets must be positive sequence lengths, got {length_buckets}")
+    names = TensorNames()
+    params = dict(parameters or {})
+    if intra_op_threads is not None:
+        params["intra_op_threads"] = str(intra_op_threads)
+    shapes = [(length, 1) for length in sorted(set(length_buckets))]
+    shapes.append((min(length_buckets), min(warmup_batch_size, max_batch_size)))
+    warmups = tuple(
+        WarmupSpec(
+            name=f"len{length}_batch{batch}",
+            batch_size=batch,
+            inputs={
+                names.input_ids: ("TYPE_INT64", (length,), "zero"),
+                names.attention_mask: ("TYPE_INT64", (length,), "zero"),
+            },
+        )
+        for length, batch in dict.fromkeys(shapes)
+    )
+    return TritonModelSpec(
+        name=name,
+        backend="python",
+        max_batch_size=max_batch_size,
+        inputs=(
+            TensorSpec(names.input_ids, "TYPE_INT64", (-1,)),
+            TensorSpec(names.attention_mask, "TYPE_INT64", (-1,)),
+        ),
+        outputs=(
+            TensorSpec(names.score, "TYPE_FP32", (1,)),
+            TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
+        ),
+        dynamic_batching=DynamicBatchingSpec(
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            default_timeout_us=default_timeout_us,
+        ),
+        instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
+        warmups=warmups,
+        parameters=params,
+    )
+
+
+def scorer_model_files(onnx_path: Path) -> dict[str, Path]:
+    """Files of one scorer version: ``model.py``, ``model.onnx`` and the graph's external data files."""
+    onnx_path = Path(onnx_path)
+    files = {MODEL_PY: scorer_model_source(), MODEL_ONNX: onnx_path}
+    for location in external_data_locations(onnx_path):
+        parts = PurePosixPath(location).parts
+        if PurePosixPath(location).is_absolute() or ".." in parts:
+            raise ValueError(f"{onnx_path}: external data location {location!r} escapes the model directory")
+        files[location] = onnx_path.parent / location
+    return files
+
+
+def external_data_locations(onnx_path: Path) -> list[str]:
+    """Relative paths of the external data files an ONNX graph refers to (sorted, unique)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    locations: set[str] = set()
+
+    def visit_tensor(tensor) -> None:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+
+    def visit_graph(graph) -> None:
+        for tensor in graph.initializer:
+            visit_tensor(tensor)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    visit_tensor(attribute.t)
+                for tensor in attribute.tensors:
+                    visit_tensor(tensor)
+                if attribute.HasField("g"):
+                    visit_graph(attribute.g)
+                for subgraph in attribute.graphs:
+                    visit_graph(subgraph)
+
+    visit_graph(model.graph)
+    return sorted(locations)
