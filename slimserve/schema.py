@@ -86,3 +86,49 @@ class ScoreResult:
 
     items: list[ScoredItem] = field(default_factory=list)
     timings: ScoreTimings = field(default_factory=ScoreTimings)
+
+
+class SchemaError(ValueError):
+    """A JSON record does not fit the schema; the message names the field."""
+
+
+def _enum_value(enum_cls, raw, field_name: str):
+    try:
+        return enum_cls(str(raw).lower())
+    except ValueError:
+        choices = ", ".join(e.value for e in enum_cls)
+        raise SchemaError(f"{field_name}: {raw!r} is not one of {choices}") from None
+
+
+def _record(cls, data: object, where: str, enums: dict, lists: tuple[str, ...]):
+    if not isinstance(data, dict):
+        raise SchemaError(f"{where}: expected an object, got {type(data).__name__}")
+    known = {f for f in cls.__dataclass_fields__}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SchemaError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
+    if not data.get("id"):
+        raise SchemaError(f"{where}.id: required")
+    values = dict(data)
+    for name, enum_cls in enums.items():
+        if name in values:
+            values[name] = _enum_value(enum_cls, values[name], f"{where}.{name}")
+    for name in lists:
+        if name in values:
+            if not isinstance(values[name], list) or not all(isinstance(v, str) for v in values[name]):
+                raise SchemaError(f"{where}.{name}: expected a list of strings")
+            values[name] = tuple(values[name])
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise SchemaError(f"{where}: {exc}") from None
+
+
+def member_from_dict(data: object, where: str = "member") -> Member:
+    """A ``Member`` from a JSON object (enums by name, e.g. ``"senior"``)."""
+    return _record(Member, data, where, {"seniority": Seniority}, ("skills", "industries"))
+
+
+def item_from_dict(data: object, where: str = "item") -> Item:
+    """An ``Item`` from a JSON object (enums by name, e.g. ``"job"``)."""
+    return _record(Item, data, where, {"kind": ItemKind, "seniority": Seniority}, ("required_skills",))

@@ -14,13 +14,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ..bundle import ServingBundle, sha256_file
 from ..cache import cache_dir
 from ..examples import EXAMPLE_MEMBER, example_candidates
 from ..prompts import NO_WORD, SCORING_TEMPLATE_VERSION, YES_WORD, render_scoring_prompt
+from ..settings import Settings
 from ..tokenization import PromptTokenizer, bucket_for, pad_batch
 from .model_card import scorer_model_card
 from .onnx_export import ExportError, export_scorer_onnx
@@ -29,10 +31,10 @@ from .parity import ParityReport, check_scorer_parity
 log = logging.getLogger(__name__)
 
 
-class ScorerExportConfig(BaseModel):
+class ScorerExportConfig(Settings):
     """Settings of ``slimserve export`` (teacher -> scorer model in a Triton repository)."""
 
-    model_config = ConfigDict(extra="forbid")
+    env_prefix: ClassVar[str] = "SLIMSERVE_EXPORT_"
 
     teacher: str = Field(
         "default",
@@ -170,6 +172,7 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
             bundle=bundle,
             tokenizer_file=loaded.tokenizer_file,
             model_card=card,
+            link_files=False,  # a hard link to the source tree's model.py would change with it
         )
         seconds["publish"] = time.perf_counter() - started
     return ExportResult(published.path, published.version, published.content_hash, parity, seconds)

@@ -1,0 +1,222 @@
+"""The ``slimserve`` command line: a thin layer of subcommands over Python functions.
+
+Exit codes: 0 success, 1 user or configuration error (message only), 2 a stage failed (message and log).
+Nothing heavy is imported until a subcommand runs, so ``--help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import UserError, classify_failure
+
+EXIT_OK, EXIT_USER_ERROR, EXIT_STAGE_FAILED = 0, 1, 2
+
+log = logging.getLogger("slimserve")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+# -- export -------------------------------------------------------------------------------------------
+def _add_export(sub) -> None:
+    from .export.pipeline import ScorerExportConfig
+    from .settings import add_config_flags
+
+    parser = sub.add_parser("export", help="export a teacher as the scoring model into a Triton repository")
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with export settings")
+    add_config_flags(parser, ScorerExportConfig)
+    parser.set_defaults(handler=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from .export.pipeline import ScorerExportConfig, export_scorer
+    from .settings import config_from_args
+
+    config = config_from_args(ScorerExportConfig, args, args.config)
+    result = export_scorer(config)
+    print(f"published {result.model_dir} (version {result.version}, bundle hash {result.content_hash[:12]})")
+    print(
+        f"parity: max abs diff {result.parity.max_abs_diff:.3g}, ranking identical: {result.parity.ranking_identical}"
+    )
+    print("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()))
+    return EXIT_OK
+
+
+# -- triton -------------------------------------------------------------------------------------------
+def _add_triton(sub) -> None:
+    parser = sub.add_parser("triton", help="run the Triton server alone on a model repository")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to expose)")
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    parser.set_defaults(handler=_run_triton)
+
+
+def _triton_config(args: argparse.Namespace, **overrides):
+    from .serving.triton.launcher import TritonServerConfig
+
+    repository = Path(args.model_repository)
+    if not repository.is_dir():
+        raise UserError(f"--model-repository {repository} does not exist; run `slimserve export` first")
+    settings = dict(
+        model_repository=repository.resolve(),
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        startup_timeout_s=args.startup_timeout,
+    )
+    settings.update(overrides)
+    return TritonServerConfig(**settings)
+
+
+def _run_triton(args: argparse.Namespace) -> int:
+    from .serving.triton.launcher import TritonServer
+    from .signals import wait_for_stop_signal
+
+    with TritonServer(_triton_config(args)) as server:
+        print(f"Triton ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
+        print(f"log: {server.log_path}  (Ctrl-C to stop)")
+        wait_for_stop_signal(server.is_running)
+    return EXIT_OK
+
+
+# -- serve --------------------------------------------------------------------------------------------
+def _add_serve(sub) -> None:
+    from .serving.config import ScoringServiceConfig
+    from .settings import add_config_flags
+
+    parser = sub.add_parser("serve", help="run the scoring gRPC service against a running Triton")
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with service settings")
+    add_config_flags(parser, ScoringServiceConfig)
+    parser.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .serving.config import ScoringServiceConfig
+    from .serving.server import run_scoring_service
+    from .settings import config_from_args
+
+    run_scoring_service(config_from_args(ScoringServiceConfig, args, args.config))
+    return EXIT_OK
+
+
+# -- up -----------------------------------------------------------------------------------------------
+def _add_up(sub) -> None:
+    parser = sub.add_parser(
+        "up", help="export if needed, start Triton and the scoring service, answer a sample request, serve"
+    )
+    parser.add_argument("--teacher", default="default", help="'default', 'tiny' or a HF model directory")
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--model-name", default="scorer")
+    parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC service")
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port of the scoring service (0: free)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, help="Prometheus port of the service (0: free)"
+    )
+    parser.add_argument("--triton-url", help="use this running Triton (host:port) instead of starting one")
+    parser.add_argument(
+        "--grpc-port", type=int, default=0, help="Triton gRPC port when started here (0: free)"
+    )
+    parser.add_argument(
+        "--http-port", type=int, default=0, help="Triton HTTP port when started here (0: free)"
+    )
+    parser.add_argument("--triton-metrics-port", dest="metrics_port_triton", type=int, default=0)
+    parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument("--no-sample", action="store_true", help="skip the sample request")
+    parser.add_argument("--exit-after-sample", action="store_true", help="stop after the sample request")
+    parser.set_defaults(handler=_run_up)
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from .up import UpOptions, run_up
+
+    options = UpOptions(
+        teacher=args.teacher,
+        model_repository=args.model_repository,
+        model_name=args.model_name,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        triton_url=args.triton_url,
+        triton_grpc_port=args.grpc_port,
+        triton_http_port=args.http_port,
+        triton_metrics_port=args.metrics_port_triton,
+        startup_timeout_s=args.startup_timeout,
+        sample=not args.no_sample,
+        exit_after_sample=args.exit_after_sample,
+    )
+    return run_up(options)
+
+
+# -- score --------------------------------------------------------------------------------------------
+def _add_score(sub) -> None:
+    parser = sub.add_parser("score", help="rank candidates for a member through the scoring service")
+    parser.add_argument("--target", default="127.0.0.1:50051", help="scoring service address host:port")
+    parser.add_argument(
+        "--input", type=Path, help="JSON file {member: {...}, candidates: [...]}; default: built-in example"
+    )
+    parser.add_argument("--candidates", type=int, default=10, help="built-in example: number of candidates")
+    parser.add_argument("--top-k", type=int, default=0, help="items to return (0: all)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
+    parser.add_argument("--json", action="store_true", help="print the response as JSON")
+    parser.set_defaults(handler=_run_score)
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    from .client import load_score_input, print_ranking, score_once
+
+    member, candidates = load_score_input(args.input, args.candidates)
+    result = score_once(args.target, member, candidates, top_k=args.top_k, timeout_s=args.timeout)
+    print_ranking(result, candidates, as_json=args.json)
+    return EXIT_OK
+
+
+COMMANDS: tuple[Callable, ...] = (_add_export, _add_triton, _add_serve, _add_up, _add_score)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser (each subcommand with its own ``--help``)."""
+    parser = argparse.ArgumentParser(prog="slimserve", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``slimserve`` script."""
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    return run_handler(args)
+
+
+def run_handler(args: argparse.Namespace) -> int:
+    """Run a parsed command, turning known failures into exit codes and one-line messages."""
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:
+        kind, message = classify_failure(exc)
+        if kind is None:
+            raise
+        print(f"slimserve {args.command}: {message}", file=sys.stderr)
+        return EXIT_USER_ERROR if kind == "user" else EXIT_STAGE_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Configuration of the scoring service (``slimserve serve``): one pydantic model, every field described."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from ..settings import ConfigError, Settings, add_config_flags, config_from_args, load_config
+
+ServiceConfig = Settings
+
+
+class ScoringServiceConfig(ServiceConfig):
+    """Configuration of the scoring service (``slimserve serve``)."""
+
+    env_prefix: ClassVar[str] = "SLIMSERVE_SCORING_"
+
+    host: str = Field("127.0.0.1", description="Address the gRPC server binds (0.0.0.0 in a container).")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free port.")
+    metrics_port: int = Field(
+        9090, ge=-1, le=65535, description="Prometheus metrics port; 0 picks a free port, -1 turns it off."
+    )
+    metrics_host: str = Field("0.0.0.0", description="Address the metrics HTTP server binds.")
+    triton_url: str = Field("127.0.0.1:8001", description="Triton gRPC endpoint (host:port).")
+    model_repository: Path = Field(
+        Path("model_repository"), description="Triton model repository holding the serving bundle."
+    )
+    model_name: str = Field("scorer", description="Name of the scoring model in the repository.")
+    model_version: int | None = Field(
+        None, ge=1, description="Model version to serve; unset serves the latest in the repository."
+    )
+    bundle_dir: Path | None = Field(
+        None, description="Serving bundle directory; overrides model_repository/model_name/model_version."
+    )
+    max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
+    max_text_chars: int = Field(2000, ge=1, description="Longest text field (characters).")
+    max_list_items: int = Field(100, ge=0, description="Most entries in a skills or industries list.")
+    max_id_chars: int = Field(256, ge=1, description="Longest member or item id (characters).")
+    triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
+    default_timeout_s: float = Field(
+        10.0, gt=0, description="Time budget of a request whose caller sends no deadline (seconds)."
+    )
+    health_poll_interval_s: float = Field(
+        1.0, gt=0, description="How often the Triton model's readiness is checked (seconds)."
+    )
+    drain_grace_s: float = Field(
+        20.0, ge=0, description="On SIGTERM, how long in-flight RPCs may run before they are cancelled."
+    )
+    max_concurrent_rpcs: int | None = Field(
+        None, ge=1, description="RPCs beyond this many in flight get RESOURCE_EXHAUSTED; unset = no limit."
+    )
+    max_receive_message_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest request message the server accepts (bytes)."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    def resolved_bundle_dir(self) -> Path:
+        """The bundle directory this config points at (``bundle_dir`` or the repository's version)."""
+        from slimserve.bundle import bundle_dir_for
+
+        if self.bundle_dir is not None:
+            return self.bundle_dir
+        return bundle_dir_for(self.model_repository, self.model_name, self.model_version)
+
+
+__all__ = [
+    "ConfigError",
+    "ScoringServiceConfig",
+    "ServiceConfig",
+    "add_config_flags",
+    "config_from_args",
+    "load_config",
+]

@@ -1,0 +1,68 @@
+"""Prometheus metrics of a service, in a registry of its own, served on a separate HTTP port.
+
+Each server gets its own ``CollectorRegistry`` (not the process-global one), so tests can run several
+servers in one process and a service's ``/metrics`` shows only its own series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000)
+
+
+class ServingMetrics:
+    """The metrics one service records: RPCs, Triton calls, request sizes."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "slimserve_grpc_requests",
+            "gRPC requests handled, by method and status code.",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "slimserve_grpc_request_duration_seconds",
+            "gRPC request wall time inside the service, by method and status code.",
+            ["method", "code"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "slimserve_grpc_requests_in_flight",
+            "gRPC requests being handled now, by method.",
+            ["method"],
+            registry=self.registry,
+        )
+        self.triton_latency = Histogram(
+            "slimserve_triton_request_duration_seconds",
+            "Round trip of one Triton inference call, by outcome (ok or the error's status code).",
+            ["outcome"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.candidates = Histogram(
+            "slimserve_score_candidates",
+            "Candidates per Score request.",
+            buckets=CANDIDATE_BUCKETS,
+            registry=self.registry,
+        )
+
+
+def start_metrics_server(
+    registry: CollectorRegistry, port: int, host: str = "0.0.0.0"
+) -> tuple[int, Callable[[], None]]:
+    """Serve ``registry`` over HTTP on ``host:port`` (0 = a free port); return (bound port, stop)."""
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    bound = httpd.server_address[1]
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+    return bound, stop

@@ -1,0 +1,1 @@
+"""The scoring service: validation, core (plain types) and the gRPC servicer."""

@@ -1,0 +1,226 @@
+"""Scoring core: rank candidates for a member with the Triton scoring model, on plain types only.
+
+Steps: validate, refuse at once if the model is not ready (UNAVAILABLE) or its bundle hash differs
+(FAILED_PRECONDITION), render prompts, tokenize, group by length bucket, cut each bucket into chunks of
+``triton_chunk_size``, pad each chunk to its bucket, send all chunks concurrently (the first failure
+cancels the rest and is raised), then rank by score (ties keep input order) and apply ``top_k``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from slimserve import prompts, schema
+from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
+from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
+
+from ..errors import DeadlineExceeded, FailedPrecondition, InternalError, ServingError, Unavailable
+from ..health import ModelHealthWatcher
+from .validation import effective_top_k, validate_score_request
+
+if TYPE_CHECKING:
+    from ..config import ScoringServiceConfig
+    from ..metrics import ServingMetrics
+    from ..triton.client import InferResult, TritonScorerClient
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "slimserve.v1.ScoringService"
+# Above this many candidates, rendering and tokenizing run in the default executor.
+EXECUTOR_THRESHOLD = 64
+# Extra time granted past the caller's budget before the core gives up on a Triton call itself.
+DEADLINE_SLACK_S = 0.25
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One Triton request: which candidates (by input index) and their padded tensors."""
+
+    indices: tuple[int, ...]
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+
+
+class ScoringCore:
+    """Scores candidates through Triton; owns the health watcher of its model."""
+
+    def __init__(
+        self,
+        bundle: ServingBundle,
+        tokenizer: PromptTokenizer,
+        client: TritonScorerClient,
+        config: ScoringServiceConfig,
+        *,
+        watcher: ModelHealthWatcher | None = None,
+        metrics: ServingMetrics | None = None,
+    ):
+        self.bundle = bundle
+        self.tokenizer = tokenizer
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+        self.watcher = watcher or ModelHealthWatcher(
+            client,
+            bundle.content_hash,
+            model_label=f"model {bundle.model_name!r} version {bundle.model_version}",
+            interval_s=config.health_poll_interval_s,
+            service_names=(SERVICE_NAME,),
+        )
+        chunk = config.triton_chunk_size
+        self.chunk_size = min(chunk, bundle.max_batch_size) if bundle.max_batch_size > 0 else chunk
+
+    @classmethod
+    def from_config(
+        cls, config: ScoringServiceConfig, *, metrics: ServingMetrics | None = None
+    ) -> ScoringCore:
+        """Load the bundle the config points at, check it, and build the tokenizer and Triton client."""
+        from ..triton.client import TritonScorerClient
+
+        directory = config.resolved_bundle_dir()
+        bundle = load_bundle(directory)
+        if bundle.prompt_template_version != prompts.SCORING_TEMPLATE_VERSION:
+            raise BundleError(
+                f"{directory}: bundle was exported with prompt template {bundle.prompt_template_version!r}, "
+                f"this service renders {prompts.SCORING_TEMPLATE_VERSION!r}; re-export the model or "
+                "run a matching slimserve version"
+            )
+        tokenizer = PromptTokenizer(directory / TOKENIZER_FILE, bundle.max_length)
+        for word, expected in (
+            (prompts.YES_WORD, bundle.yes_token_id),
+            (prompts.NO_WORD, bundle.no_token_id),
+        ):
+            if tokenizer.token_id(word) != expected:
+                raise BundleError(
+                    f"{directory}: label {word!r} is not token {expected} in the bundle tokenizer"
+                )
+        client = TritonScorerClient(
+            config.triton_url,
+            model_name=bundle.model_name,
+            model_version=str(bundle.model_version),
+            tensors=bundle.tensors,
+        )
+        return cls(bundle, tokenizer, client, config, metrics=metrics)
+
+    def check_serving(self) -> None:
+        """Refuse at once when the model is not ready or carries another bundle."""
+        if self.watcher.hash_mismatch:
+            raise FailedPrecondition(
+                f"the Triton model {self.bundle.model_name!r} does not carry this service's serving "
+                "bundle; refusing to serve"
+            )
+        if not self.watcher.ready:
+            raise Unavailable(f"model {self.bundle.model_name!r} is not ready")
+
+    async def score(
+        self,
+        member: schema.Member,
+        candidates: list[schema.Item],
+        top_k: int = 0,
+        *,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> schema.ScoreResult:
+        """Rank ``candidates`` for ``member``; ``timeout_s`` is the caller's remaining time."""
+        start = time.perf_counter()
+        validate_score_request(member, candidates, top_k, self.config)
+        self.check_serving()
+        if self.metrics is not None:
+            self.metrics.candidates.observe(len(candidates))
+        budget = self.config.default_timeout_s if timeout_s is None else timeout_s
+        if len(candidates) > EXECUTOR_THRESHOLD:
+            loop = asyncio.get_running_loop()
+            chunks = await loop.run_in_executor(None, self.prepare, member, candidates)
+        else:
+            chunks = self.prepare(member, candidates)
+        remaining = budget - (time.perf_counter() - start)
+        if remaining <= 0:
+            raise DeadlineExceeded("deadline passed before the model was called")
+        results = await self._infer_all(chunks, remaining, request_id)
+        scores = np.empty(len(candidates), dtype=np.float32)
+        queue_ms = inference_ms = 0.0
+        for chunk, result in zip(chunks, results, strict=True):
+            scores[list(chunk.indices)] = result.scores
+            compute = result.round_trip_ms if result.compute_ms is None else result.compute_ms
+            inference_ms += compute
+            queue_ms += max(0.0, result.round_trip_ms - compute)
+        items = rank(candidates, scores, top_k)
+        total_ms = (time.perf_counter() - start) * 1e3
+        return schema.ScoreResult(items, schema.ScoreTimings(queue_ms, inference_ms, total_ms))
+
+    def prepare(self, member: schema.Member, candidates: list[schema.Item]) -> list[Chunk]:
+        """Render, tokenize, bucket and pad: the Triton requests of one Score call."""
+        texts = [prompts.render_scoring_prompt(member, item) for item in candidates]
+        sequences = self.tokenizer.encode(texts)
+        chunks = []
+        for length, indices in sorted(group_by_bucket(sequences, self.bundle.length_buckets).items()):
+            for begin in range(0, len(indices), self.chunk_size):
+                part = tuple(indices[begin : begin + self.chunk_size])
+                ids, mask = pad_batch([sequences[i] for i in part], length, self.tokenizer.pad_token_id)
+                chunks.append(Chunk(part, ids, mask))
+        return chunks
+
+    async def _infer_all(self, chunks: list[Chunk], timeout_s: float, request_id: str) -> list[InferResult]:
+        """Send every chunk at once; on the first failure cancel the others and raise it."""
+        tasks = [asyncio.ensure_future(self._infer(chunk, timeout_s, request_id)) for chunk in chunks]
+        try:
+            done, pending = await asyncio.wait(
+                tasks, timeout=timeout_s + DEADLINE_SLACK_S, return_when=asyncio.FIRST_EXCEPTION
+            )
+            failures = [t.exception() for t in tasks if t in done and not t.cancelled() and t.exception()]
+            if failures:  # the first failure in input order
+                raise failures[0]
+            if pending:
+                raise DeadlineExceeded(f"the model did not answer within {timeout_s:.3f} s")
+            return [task.result() for task in tasks]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _infer(self, chunk: Chunk, timeout_s: float, request_id: str) -> InferResult:
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            result = await self.client.infer_scores(
+                chunk.input_ids, chunk.attention_mask, timeout_s=timeout_s, request_id=request_id
+            )
+        except ServingError as exc:
+            outcome = exc.code.name
+            if isinstance(exc, Unavailable):
+                self.watcher.notify_unavailable()
+            raise
+        except asyncio.CancelledError:
+            outcome = "CANCELLED"
+            raise
+        except Exception:
+            outcome = "INTERNAL"
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.triton_latency.labels(outcome).observe(time.perf_counter() - start)
+        if result.scores.shape != (len(chunk.indices),):
+            raise InternalError(
+                f"model returned {result.scores.shape} scores for a batch of {len(chunk.indices)}"
+            )
+        return result
+
+    async def close(self) -> None:
+        """Stop the health watcher and close the Triton client."""
+        await self.watcher.stop()
+        await self.client.close()
+
+
+def rank(candidates: list[schema.Item], scores: np.ndarray, top_k: int = 0) -> list[schema.ScoredItem]:
+    """Best first (ties keep input order; NaN scores rank last), cut to ``top_k`` (0 = all)."""
+    order = np.argsort(-scores, kind="stable")  # NaN stays NaN when negated and sorts last
+    keep = effective_top_k(top_k, len(candidates))
+    return [
+        schema.ScoredItem(candidates[int(i)].id, float(scores[i]), rank + 1)
+        for rank, i in enumerate(order[:keep])
+    ]

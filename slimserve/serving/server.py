@@ -1,0 +1,163 @@
+"""The scoring gRPC server: assembly, start, graceful drain, and the process entry point.
+
+``ScoringServer`` wires a ``ScoringCore`` into a grpc.aio server with the serving interceptor, health
+(driven by the model watcher), reflection and a Prometheus endpoint. ``stop`` drains: health goes
+NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then the Triton client closes.
+``run_scoring_service`` runs one until SIGTERM or SIGINT (the ``slimserve serve`` command).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
+
+from .config import ScoringServiceConfig
+from .grpc_errors import RequestIdFilter, ServingInterceptor
+from .metrics import ServingMetrics, start_metrics_server
+from .scoring.core import SERVICE_NAME, ScoringCore
+from .scoring.servicer import ScoringServicer
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+def server_options(config: ScoringServiceConfig) -> list[tuple[str, int]]:
+    """Channel options: connection age (so clients rebalance behind a k8s Service), keepalive, sizes."""
+    return [
+        ("grpc.max_connection_age_ms", 5 * 60 * 1000),
+        ("grpc.max_connection_age_grace_ms", int(max(config.drain_grace_s, 1.0) * 1000)),
+        ("grpc.keepalive_time_ms", 60 * 1000),
+        ("grpc.keepalive_timeout_ms", 20 * 1000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10 * 1000),
+        ("grpc.max_receive_message_length", config.max_receive_message_bytes),
+    ]
+
+
+class ScoringServer:
+    """One scoring service: gRPC server, health watcher, metrics endpoint."""
+
+    def __init__(self, config: ScoringServiceConfig, core: ScoringCore | None = None):
+        self.config = config
+        self.metrics = ServingMetrics()
+        self.core = core
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stop_metrics = None
+        self._stopped = False
+
+    async def start(self) -> int:
+        """Build the core (unless given), bind ``host:port`` and start serving; return the bound port."""
+        config = self.config
+        if self.core is None:
+            self.core = ScoringCore.from_config(config, metrics=self.metrics)
+        elif self.core.metrics is None:
+            self.core.metrics = self.metrics
+        watcher = self.core.watcher
+        server = grpc.aio.server(
+            interceptors=[ServingInterceptor(self.metrics)],
+            options=server_options(config),
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        )
+        scoring_pb2_grpc.add_ScoringServiceServicer_to_server(ScoringServicer(self.core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(watcher.servicer, server)
+        names = (
+            scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+        address = f"{config.host}:{config.port}"
+        port = server.add_insecure_port(address)
+        if not port:
+            raise OSError(f"cannot bind gRPC server to {address}")
+        await watcher.start()  # NOT_SERVING before the first RPC can arrive
+        await server.start()
+        self._server, self.port = server, port
+        if config.metrics_port >= 0:
+            self.metrics_port, self._stop_metrics = start_metrics_server(
+                self.metrics.registry, config.metrics_port, config.metrics_host
+            )
+        bundle = self.core.bundle
+        metrics_where = f"{config.metrics_host}:{self.metrics_port}" if self._stop_metrics else "off"
+        log.info(
+            "%s listening on %s:%d (metrics %s); model %r version %s at %s, bundle %s",
+            SERVICE_NAME,
+            config.host,
+            port,
+            metrics_where,
+            bundle.model_name,
+            bundle.model_version,
+            config.triton_url,
+            bundle.content_hash,
+        )
+        return port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace`` s, close."""
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.config.drain_grace_s if grace is None else grace
+        log.info("draining: NOT_SERVING, up to %.1f s for in-flight requests", grace)
+        if self.core is not None:
+            await self.core.watcher.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self.core is not None:
+            await self.core.client.close()
+        if self._stop_metrics is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._stop_metrics)
+            self._stop_metrics = None
+        log.info("stopped")
+
+    async def wait_for_termination(self) -> None:
+        """Return when the gRPC server has stopped."""
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+async def serve(config: ScoringServiceConfig, stop_event: asyncio.Event | None = None) -> None:
+    """Run a scoring server until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain."""
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(signum, stop_event.set)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
+    server = ScoringServer(config)
+    try:
+        await server.start()
+        await stop_event.wait()
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+        await server.stop()
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Process logging for a service: one line per record, with the request id of the RPC."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RequestIdFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def run_scoring_service(config: ScoringServiceConfig) -> None:
+    """Run the scoring service in this process until SIGTERM or SIGINT (``slimserve serve``)."""
+    configure_logging(config.log_level)
+    asyncio.run(serve(config))

@@ -1,0 +1,153 @@
+"""``slimserve up``: export the scorer if none is published, start Triton and the service, demo, serve.
+
+The one command of the README's quick start. Triton runs as a child process (or is reached at
+``--triton-url``); the scoring service runs in this process. Ctrl-C or SIGTERM drains the service,
+then stops Triton, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from .bundle import BundleError, bundle_dir_for, load_bundle
+from .errors import StageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UpOptions:
+    """What ``slimserve up`` starts and where."""
+
+    teacher: str = "default"
+    model_repository: Path = Path("model_repository")
+    model_name: str = "scorer"
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int = 9090
+    triton_url: str | None = None
+    triton_grpc_port: int = 0
+    triton_http_port: int = 0
+    triton_metrics_port: int = 0
+    startup_timeout_s: float = 300.0
+    sample: bool = True
+    exit_after_sample: bool = False
+
+
+def ensure_exported(options: UpOptions) -> Path:
+    """The bundle directory of the latest published scorer, exporting ``options.teacher`` first if none."""
+    try:
+        directory = bundle_dir_for(options.model_repository, options.model_name)
+        bundle = load_bundle(directory)
+        log.info(
+            "using published %s version %d (%s)", bundle.model_name, bundle.model_version, bundle.source_model
+        )
+        return directory
+    except BundleError:
+        pass
+    from .export.pipeline import ScorerExportConfig, export_scorer
+
+    log.info(
+        "no published %r in %s: exporting teacher %r",
+        options.model_name,
+        options.model_repository,
+        options.teacher,
+    )
+    config = ScorerExportConfig(
+        teacher=options.teacher, model_repository=options.model_repository, model_name=options.model_name
+    )
+    result = export_scorer(config, command=f"slimserve export --teacher {options.teacher}")
+    log.info("exported version %d in %.0f s", result.version, sum(result.seconds.values()))
+    return bundle_dir_for(options.model_repository, options.model_name, result.version)
+
+
+def _start_triton(options: UpOptions):
+    from .serving.triton.launcher import TritonServer, TritonServerConfig
+
+    server = TritonServer(
+        TritonServerConfig(
+            model_repository=options.model_repository.resolve(),
+            grpc_port=options.triton_grpc_port,
+            http_port=options.triton_http_port,
+            metrics_port=options.triton_metrics_port,
+            model_control_mode="explicit",
+            load_models=(options.model_name,),
+            startup_timeout_s=options.startup_timeout_s,
+        )
+    )
+    started = time.perf_counter()
+    server.start()
+    log.info(
+        "Triton ready in %.1f s: gRPC %s (log %s)",
+        time.perf_counter() - started,
+        server.grpc_url,
+        server.log_path,
+    )
+    return server
+
+
+async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
+    from .client import build_request, format_ranking
+    from .examples import EXAMPLE_MEMBER, example_candidates
+    from .serving.config import ScoringServiceConfig
+    from .serving.server import ScoringServer
+    from .v1 import scoring_pb2_grpc
+
+    config = ScoringServiceConfig(
+        host=options.host,
+        port=options.port,
+        metrics_port=options.metrics_port,
+        triton_url=triton_url,
+        bundle_dir=bundle_dir,
+    )
+    server = ScoringServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        port = await server.start()
+        if not await server.core.watcher.wait_until_ready(timeout=options.startup_timeout_s):
+            raise StageError(f"scoring service not ready: {server.core.watcher.last_error}")
+        target = f"{options.host}:{port}"
+        print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
+        if options.sample:
+            candidates = example_candidates(10)
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = scoring_pb2_grpc.ScoringServiceStub(channel)
+                response = await stub.Score(build_request(EXAMPLE_MEMBER, candidates, top_k=5), timeout=60)
+            print("\nSample request: rank 10 jobs for the example member, top 5:")  # noqa: T201
+            print(format_ranking(response, candidates))  # noqa: T201
+            print(f"\nTry: slimserve score --target {target}")  # noqa: T201
+        if not options.exit_after_sample:
+            print("Serving; Ctrl-C to stop.")  # noqa: T201
+            await stop.wait()
+        return 0
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await server.stop()
+
+
+def run_up(options: UpOptions) -> int:
+    """Export if needed, start Triton (unless external), run the service until stopped."""
+    from .serving.server import configure_logging
+
+    configure_logging("INFO")
+    bundle_dir = ensure_exported(options)
+    triton = None if options.triton_url else _start_triton(options)
+    try:
+        triton_url = options.triton_url or triton.grpc_url
+        return asyncio.run(_serve(options, triton_url, bundle_dir))
+    finally:
+        if triton is not None:
+            with contextlib.suppress(Exception):
+                triton.stop()
