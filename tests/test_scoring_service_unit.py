@@ -107,6 +107,7 @@ MEMBER = schema.Member(id="m1", headline="Data engineer", skills=("python",), ye
 
 def score_request(n: int = 3, **fields) -> scoring_pb2.ScoreRequest:
     items = [item_to_proto(schema.Item(id=f"j{k}", title=f"Job {k}")) for k in range(n)]
+    fields.setdefault("top_k", n)
     return scoring_pb2.ScoreRequest(member=member_to_proto(MEMBER), candidates=items, **fields)
 
 
@@ -226,7 +227,7 @@ def test_template_version_mismatch_is_refused(tmp_path):
 def test_rank_orders_by_score_stable_and_cuts():
     items = [schema.Item(id=k) for k in "abcde"]
     scores = np.array([0.5, 2.0, 0.5, np.nan, 3.0], dtype=np.float32)
-    ranked = rank(items, scores, top_k=0)
+    ranked = rank(items, scores)
     assert [r.item_id for r in ranked] == ["e", "b", "a", "c", "d"]
     assert [r.rank for r in ranked] == [1, 2, 3, 4, 5]
     assert [r.item_id for r in rank(items, scores, top_k=2)] == ["e", "b"]

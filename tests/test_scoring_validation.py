@@ -19,7 +19,7 @@ def items(n: int) -> list[Item]:
     return [Item(id=f"i{k}", title="Engineer") for k in range(n)]
 
 
-def check(member=MEMBER, candidates=None, top_k=0) -> None:
+def check(member=MEMBER, candidates=None, top_k=1) -> None:
     validate_score_request(member, items(3) if candidates is None else candidates, top_k, LIMITS)
 
 
@@ -112,6 +112,6 @@ def test_candidate_lists_and_enums():
 
 def test_top_k():
     assert_field("top_k", top_k=-1)
-    assert effective_top_k(0, 7) == 7  # 0 = all, as the proto says
+    assert_field("top_k", top_k=0)  # required: zero top_k with candidates is bad input
     assert effective_top_k(3, 7) == 3
     assert effective_top_k(50, 7) == 7  # clamped, not an error

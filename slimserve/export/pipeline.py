@@ -53,7 +53,11 @@ class ScorerExportConfig(Settings):
     max_queue_size: int = Field(
         1024, ge=0, description="Requests queued in Triton before RESOURCE_EXHAUSTED (0 = unbounded)"
     )
-    default_timeout_us: int = Field(0, ge=0, description="Queue timeout when a request names none (0 = none)")
+    default_timeout_us: int = Field(
+        30_000_000,
+        ge=0,
+        description="Queue timeout when a request names none; must be non-zero for per-request deadlines to apply in Triton 2.51",
+    )
     instance_count: int = Field(1, ge=1, description="Model instances (processes) in Triton")
     intra_op_threads: int = Field(
         0, ge=0, description="ONNX Runtime threads per instance (0 = cores / instances)"

@@ -121,7 +121,7 @@ class ScoringCore:
         self,
         member: schema.Member,
         candidates: list[schema.Item],
-        top_k: int = 0,
+        top_k: int = 1,
         *,
         timeout_s: float | None = None,
         request_id: str = "",
@@ -216,10 +216,12 @@ class ScoringCore:
         await self.client.close()
 
 
-def rank(candidates: list[schema.Item], scores: np.ndarray, top_k: int = 0) -> list[schema.ScoredItem]:
-    """Best first (ties keep input order; NaN scores rank last), cut to ``top_k`` (0 = all)."""
+def rank(
+    candidates: list[schema.Item], scores: np.ndarray, top_k: int | None = None
+) -> list[schema.ScoredItem]:
+    """Best first (ties keep input order; NaN scores rank last), cut to ``top_k`` (None = all)."""
     order = np.argsort(-scores, kind="stable")  # NaN stays NaN when negated and sorts last
-    keep = effective_top_k(top_k, len(candidates))
+    keep = len(candidates) if top_k is None else effective_top_k(top_k, len(candidates))
     return [
         schema.ScoredItem(candidates[int(i)].id, float(scores[i]), rank + 1)
         for rank, i in enumerate(order[:keep])

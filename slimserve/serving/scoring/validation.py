@@ -4,7 +4,7 @@ Rules: a member is required with a non-empty id; ids are at most ``max_id_chars`
 characters; text fields are at most ``max_text_chars`` and hold no control characters other than tab
 and newlines; lists are at most ``max_list_items`` entries; seniority and kind must be enum members;
 years of experience is finite and within [0, 100]; there is at least one and at most
-``max_candidates`` candidates, with distinct ids. ``top_k`` 0 means all candidates and a ``top_k``
+``max_candidates`` candidates, with distinct ids. ``top_k`` is required (at least 1); a ``top_k``
 above the number of candidates is clamped (``effective_top_k``); a negative one is refused.
 """
 
@@ -123,10 +123,10 @@ def validate_score_request(
         first = seen.setdefault(item.id, index)
         if first != index:
             raise InvalidArgument(f"{field}.id", f"duplicate of candidates[{first}].id")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise InvalidArgument("top_k", f"must be a whole number >= 0 (0 = all), got {top_k!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise InvalidArgument("top_k", f"must be at least 1 (it is required), got {top_k!r}")
 
 
 def effective_top_k(top_k: int, n_candidates: int) -> int:
-    """How many ranked items to return: 0 means all; larger than the candidates means all."""
-    return n_candidates if top_k == 0 else min(top_k, n_candidates)
+    """How many ranked items to return: ``top_k``, clamped to the number of candidates."""
+    return min(top_k, n_candidates)

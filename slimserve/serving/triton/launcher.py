@@ -27,6 +27,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slimserve.serving.triton.process_group import (
+    group_members,
+    kill_group,
+    remove_shm_regions,
+    stub_shm_regions,
+    wait_exit_unreaped,
+    wait_group_gone,
+)
 from slimserve.serving.triton.server_files import (
     find_tritonserver,
     is_pytriton_binary,
@@ -38,6 +46,7 @@ __all__ = [
     "TritonServer",
     "TritonServerConfig",
     "find_tritonserver",
+    "group_members",
     "prepare_python_backend",
 ]
 
@@ -273,61 +282,21 @@ class TritonServer:
         pgid = process.pid  # leader of its own session and group
         grace = self.config.stop_grace_s
         grace = self.config.exit_timeout_s + 5 if grace is None else grace
+        shm_regions = stub_shm_regions(pgid)
         if process.returncode is None:
             # Only the server gets SIGTERM: it unloads models, which shuts its stubs down cleanly.
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGTERM)
-            if not _wait_exit_unreaped(process.pid, grace):
+            if not wait_exit_unreaped(process.pid, grace):
                 log.warning("Triton (pid %d) did not exit within %.1f s: SIGKILL", process.pid, grace)
-                _kill_group(pgid)
-                _wait_exit_unreaped(process.pid, 10.0)
+                shm_regions |= stub_shm_regions(pgid)
+                kill_group(pgid)
+                wait_exit_unreaped(process.pid, 10.0)
             # The server is a zombie now, so its pid (= the group id) cannot be reused yet: kill leftovers.
-            _kill_group(pgid)
+            kill_group(pgid)
         code = process.wait()
-        _wait_group_gone(pgid, 5.0)
+        wait_group_gone(pgid, 5.0)
+        # A killed server cannot unlink the shared memory of its stubs; a clean exit already did.
+        remove_shm_regions(shm_regions)
         self._process = None
         return code
-
-
-def _wait_exit_unreaped(pid: int, timeout_s: float) -> bool:
-    """Wait until ``pid`` has exited, leaving it a zombie (not reaped); True when it exited in time."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True  # already reaped
-        if info is not None:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids in process group ``pgid``, read from /proc."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state ppid pgrp ...
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        _kill_group(pgid)
-        time.sleep(0.05)

@@ -1,0 +1,175 @@
+"""The Triton launcher against the real tritonserver binary: find, prepare, start, fail, stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from triton_fixtures import (
+    SCORER,
+    parent_pid,
+    stub_pids,
+    write_broken_model,
+    write_scorer_model,
+)
+
+from slimserve.serving.errors import Unavailable
+from slimserve.serving.triton.client import TritonScorerClient
+from slimserve.serving.triton.launcher import (
+    TritonLaunchError,
+    TritonServer,
+    TritonServerConfig,
+    find_tritonserver,
+    group_members,
+    prepare_python_backend,
+)
+from slimserve.serving.triton.server_files import STUB_NAME
+
+
+def test_find_tritonserver_is_an_executable_triton_251():
+    binary = find_tritonserver()
+    assert binary.is_file() and os.access(binary, os.X_OK)
+    # Triton prints its version in the usage text of an unknown flag (it has no --version).
+    run = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+    assert "--model-repository" in run.stdout + run.stderr
+
+
+def test_prepare_python_backend_is_idempotent_and_safe_concurrently(tmp_path: Path):
+    with ThreadPoolExecutor(8) as pool:
+        results = set(pool.map(lambda _: prepare_python_backend(tmp_path), range(16)))
+    assert len(results) == 1
+    backend = results.pop()
+    assert backend.name.startswith("py3.") and backend.parent.name == "triton-backends"
+    files = sorted(p.name for p in (backend / "python").iterdir())
+    assert files == sorted(["libtriton_python.so", "triton_python_backend_utils.py", STUB_NAME])
+    assert all((backend / "python" / name).resolve().is_file() for name in files)
+    assert prepare_python_backend(tmp_path) == backend
+    assert [p.name for p in backend.parent.iterdir()] == [backend.name]  # no staging folders left
+
+
+def test_prepare_python_backend_replaces_a_stale_folder(tmp_path: Path):
+    backend = prepare_python_backend(tmp_path)
+    stub = backend / "python" / STUB_NAME
+    stub.unlink()
+    stub.symlink_to(tmp_path / "gone")
+    assert prepare_python_backend(tmp_path) == backend
+    assert stub.resolve().is_file()
+
+
+def test_missing_binary_raises_launch_error(tmp_path: Path):
+    config = TritonServerConfig(model_repository=tmp_path, binary=tmp_path / "no-tritonserver")
+    with pytest.raises(TritonLaunchError, match="no-tritonserver"):
+        TritonServer(config).start()
+
+
+def test_early_exit_raises_with_log_tail(tmp_path: Path):
+    log_file = tmp_path / "triton.log"
+    config = TritonServerConfig(
+        model_repository=tmp_path, extra_args=("--no-such-flag",), cache_dir=tmp_path, log_file=log_file
+    )
+    with pytest.raises(TritonLaunchError, match="exited with code 1") as info:
+        TritonServer(config).start()
+    assert str(log_file) in str(info.value)
+    assert "Default is" in str(info.value)  # the end of Triton's usage text: the log tail
+    assert "unrecognized option '--no-such-flag'" in log_file.read_text()
+
+
+def test_broken_model_in_explicit_mode_fails_with_its_error_in_the_message(tmp_path: Path):
+    repository = tmp_path / "repo"
+    write_broken_model(repository, "broken")
+    config = TritonServerConfig(
+        model_repository=repository,
+        model_control_mode="explicit",
+        load_models=("broken",),
+        cache_dir=tmp_path,
+        log_file=tmp_path / "triton.log",
+        startup_timeout_s=60,
+    )
+    server = TritonServer(config)
+    with pytest.raises(TritonLaunchError) as info:
+        server.start()
+    assert "BROKEN-MODEL-SENTINEL" in str(info.value)
+    assert str(server.log_path) in str(info.value)
+    assert not server.is_running()
+
+
+def test_readiness_timeout_includes_log_tail_and_leaves_no_stub(tmp_path: Path):
+    repository = tmp_path / "repo"
+    model_dir = repository / "slow"
+    write_broken_model(repository, "slow")
+    (model_dir / "1" / "model.py").write_text(
+        textwrap.dedent(
+            """
+            import time
+
+            class TritonPythonModel:
+                def initialize(self, args):
+                    time.sleep(120)
+
+                def execute(self, requests):
+                    return []
+            """
+        )
+    )
+    config = TritonServerConfig(
+        model_repository=repository,
+        cache_dir=tmp_path,
+        log_file=tmp_path / "triton.log",
+        startup_timeout_s=3,
+        exit_timeout_s=1,
+        stop_grace_s=2,
+    )
+    server = TritonServer(config)
+    before = set(stub_pids())
+    shm_before = set(Path("/dev/shm").glob("triton_python_backend_shm_region*"))
+    start = time.monotonic()
+    with pytest.raises(TritonLaunchError, match="not ready after 3 s") as info:
+        server.start()
+    assert time.monotonic() - start < 15
+    assert "slow" in str(info.value)  # the log tail names the model being loaded
+    assert set(stub_pids()) <= before
+    # The killed server could not unlink its stub's shared memory: stop() did.
+    assert set(Path("/dev/shm").glob("triton_python_backend_shm_region*")) <= shm_before
+
+
+async def test_start_serve_stop_leaves_no_orphans_and_client_sees_unavailable(tmp_path: Path):
+    repository = tmp_path / "repo"
+    write_scorer_model(repository, SCORER)
+    config = TritonServerConfig(
+        model_repository=repository, cache_dir=tmp_path, exit_timeout_s=5, log_file=tmp_path / "triton.log"
+    )
+    server = TritonServer(config).start()
+    client = TritonScorerClient(server.grpc_url, model_name=SCORER)
+    try:
+        pid = server.pid
+        assert server.is_running() and server.grpc_url.startswith("127.0.0.1:")
+        with urllib.request.urlopen(f"{server.http_url}/v2/health/ready", timeout=5) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
+            assert b"nv_inference" in response.read()
+        stubs = [p for p in stub_pids() if parent_pid(p) == pid]
+        assert stubs, "the python model runs in a stub process"
+        assert set(stubs) <= set(group_members(pid))  # so stopping the group reaches it
+        ids = np.ones((2, 4), np.int64)
+        assert (await client.infer_scores(ids, ids)).scores.tolist() == [4.0, 4.0]
+    finally:
+        server.stop()
+    assert not server.is_running()
+    assert not Path(f"/proc/{pid}").exists()
+    assert not group_members(pid)
+    assert not set(stubs) & set(stub_pids())
+    assert "successfully unloaded" in server.log_path.read_text()  # a clean shutdown, not a SIGKILL
+    # The client's channel was connected: a stopped server must fail fast, not hang.
+    start = time.monotonic()
+    with pytest.raises(Unavailable):
+        await client.infer_scores(ids, ids, timeout_s=10)
+    assert await client.model_ready() is False
+    assert time.monotonic() - start < 3
+    await client.close()
