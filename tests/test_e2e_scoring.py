@@ -130,8 +130,6 @@ def _bad_requests():
         "candidates": build_request(EXAMPLE_MEMBER, [], top_k=1),
         "candidates ": build_request(EXAMPLE_MEMBER, example_candidates(101)),  # over max_candidates=100
         "member": _without_member(build_request(EXAMPLE_MEMBER, good)),
-            candidates=build_request(EXAMPLE_MEMBER, good).candidates, top_k=1
-        ),
         "member.id": build_request(dataclasses.replace(EXAMPLE_MEMBER, id=""), good),
         "member.headline": build_request(dataclasses.replace(EXAMPLE_MEMBER, headline="h" * 5000), good),
         "candidates[0].description": build_request(EXAMPLE_MEMBER, [huge, *good[1:]]),
