@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import textwrap
 import time
@@ -71,14 +72,33 @@ def test_missing_binary_raises_launch_error(tmp_path: Path):
 
 def test_early_exit_raises_with_log_tail(tmp_path: Path):
     log_file = tmp_path / "triton.log"
+    (tmp_path / "repo").mkdir()
     config = TritonServerConfig(
-        model_repository=tmp_path, extra_args=("--no-such-flag",), cache_dir=tmp_path, log_file=log_file
+        model_repository=tmp_path / "repo",
+        extra_args=("--no-such-flag",),
+        cache_dir=tmp_path,
+        log_file=log_file,
     )
     with pytest.raises(TritonLaunchError, match="exited with code 1") as info:
         TritonServer(config).start()
     assert str(log_file) in str(info.value)
     assert "Default is" in str(info.value)  # the end of Triton's usage text: the log tail
     assert "unrecognized option '--no-such-flag'" in log_file.read_text()
+
+
+def test_taken_port_fails_with_the_reason(tmp_path: Path):
+    (tmp_path / "repo").mkdir()  # empty: Triton starts with no models
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = TritonServerConfig(
+            model_repository=tmp_path / "repo",
+            grpc_port=taken.getsockname()[1],
+            cache_dir=tmp_path,
+            log_file=tmp_path / "triton.log",
+        )
+        with pytest.raises(TritonLaunchError, match="already in use"):
+            TritonServer(config).start()
 
 
 def test_broken_model_in_explicit_mode_fails_with_its_error_in_the_message(tmp_path: Path):
