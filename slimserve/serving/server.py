@@ -127,13 +127,24 @@ class ScoringServer:
 
 
 async def serve(config: ScoringServiceConfig, stop_event: asyncio.Event | None = None) -> None:
-    """Run a scoring server until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain."""
+    """Run a scoring server until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain.
+
+    The signal handlers stay installed while draining, so a second SIGTERM cannot cut the drain short.
+    """
     stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = []
+
+    def _on_signal(signum: int) -> None:
+        if stop_event.is_set():
+            log.warning(
+                "%s while draining: still waiting for in-flight requests", signal.Signals(signum).name
+            )
+        stop_event.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(signum, stop_event.set)
+            loop.add_signal_handler(signum, _on_signal, signum)
             installed.append(signum)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
@@ -142,9 +153,11 @@ async def serve(config: ScoringServiceConfig, stop_event: asyncio.Event | None =
         await server.start()
         await stop_event.wait()
     finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-        await server.stop()
+        try:
+            await server.stop()
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
 
 
 def configure_logging(level: str = "INFO") -> None:

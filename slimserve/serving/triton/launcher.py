@@ -22,7 +22,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +54,10 @@ log = logging.getLogger(__name__)
 MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 LOG_TAIL_LINES = 40
 _POLL_INTERVAL_S = 0.1
+_PORT_ATTEMPTS = 3
+_PORT_TAKEN = "already in use"  # Triton's log line when a port cannot be bound
+# Readiness probes go straight to loopback, whatever http_proxy says.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class TritonLaunchError(RuntimeError):
@@ -109,7 +112,8 @@ def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
         return "".join(deque(handle, maxlen=lines))
 
 
-_RUNNING: weakref.WeakSet[TritonServer] = weakref.WeakSet()
+# Strong references: a started server is stopped at interpreter exit even if its owner dropped it.
+_RUNNING: set[TritonServer] = set()
 
 
 @atexit.register
@@ -208,20 +212,43 @@ class TritonServer:
         cfg = self.config
         if not cfg.model_repository.is_dir():
             raise TritonLaunchError(f"model repository {cfg.model_repository} is not a directory")
-        requested = {"grpc": cfg.grpc_port, "http": cfg.http_port, "metrics": cfg.metrics_port}
-        self._ports = {kind: port or free_port(cfg.host) for kind, port in requested.items()}
-        try:
-            args = self.command()
-        except (FileNotFoundError, OSError) as exc:
-            raise TritonLaunchError(str(exc)) from exc
         if cfg.log_file is not None:
             self._log_path = Path(cfg.log_file)
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_path.touch()
         else:
             handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(handle)
             self._log_path = Path(name)
+        requested = {"grpc": cfg.grpc_port, "http": cfg.http_port, "metrics": cfg.metrics_port}
+        # A port picked free can be taken before Triton binds it: retry those with new picks.
+        attempts = _PORT_ATTEMPTS if 0 in requested.values() else 1
+        for attempt in range(1, attempts + 1):
+            self._ports = {kind: port or free_port(cfg.host) for kind, port in requested.items()}
+            log_offset = self._log_path.stat().st_size
+            try:
+                self._launch()
+                self._wait_ready()
+            except TritonLaunchError:
+                self.stop()
+                if attempt < attempts and _PORT_TAKEN in self._log_text_since(log_offset):
+                    log.warning("a Triton port was taken meanwhile; retrying with other ports")
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            break
+        log.info("Triton ready: grpc %s, http %s (pid %d)", self.grpc_url, self.http_url, self.pid)
+        return self
+
+    def _launch(self) -> None:
+        try:
+            args = self.command()
+        except OSError as exc:
+            raise TritonLaunchError(str(exc)) from exc
         log.info("starting Triton: %s (log: %s)", " ".join(args), self._log_path)
+        assert self._log_path is not None
         with open(self._log_path, "ab") as log_handle:
             try:
                 self._process = subprocess.Popen(
@@ -235,17 +262,16 @@ class TritonServer:
             except OSError as exc:
                 raise TritonLaunchError(f"cannot run {args[0]}: {exc}") from exc
         _RUNNING.add(self)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        log.info("Triton ready: grpc %s, http %s (pid %d)", self.grpc_url, self.http_url, self.pid)
-        return self
+
+    def _log_text_since(self, offset: int) -> str:
+        assert self._log_path is not None
+        with open(self._log_path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
 
     def _http_ok(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.http_url}{path}", timeout=2) as response:
+            with _NO_PROXY.open(f"{self.http_url}{path}", timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False

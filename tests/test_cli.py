@@ -1,0 +1,142 @@
+"""The CLI as a user runs it: processes, signals, real Triton; `up` then `score`, SIGTERM drains."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import psutil
+
+from slimserve.bundle import bundle_dir_for
+from slimserve.client import build_request
+from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+from slimserve.serving.triton.launcher import free_port
+from tests.test_e2e_failures import HEALTHY, health_status
+
+CLI = [sys.executable, "-m", "slimserve.cli"]
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+async def wait_healthy(port: int, process: subprocess.Popen, timeout_s: float) -> None:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        assert process.poll() is None, f"process exited early with {process.returncode}"
+        try:
+            if await health_status(port) == HEALTHY:
+                return
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not healthy on port {port} within {timeout_s} s")
+
+
+def test_help_for_every_command():
+    for command in ("export", "triton", "serve", "up", "score"):
+        result = run_cli(command, "--help", timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "usage: slimserve " + command in result.stdout
+
+
+def test_config_errors_exit_1_with_the_field_named(tmp_path):
+    result = run_cli("serve", "--port", "not-a-number", "--bundle-dir", str(tmp_path))
+    assert result.returncode == 1
+    assert "port" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("score", "--input", str(tmp_path / "missing.json"))
+    assert result.returncode == 1 and "missing.json" in result.stderr
+
+
+async def test_up_then_score_then_ctrl_c(tmp_path):
+    repository = tmp_path / "model_repository"
+    port = free_port()
+    up = subprocess.Popen(
+        [
+            *CLI,
+            "up",
+            "--teacher",
+            "tiny",
+            "--model-repository",
+            str(repository),
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        await wait_healthy(port, up, timeout_s=240)
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert any("tritonserver" in c.name() for c in children)
+
+        result = run_cli("score", "--target", f"127.0.0.1:{port}", "--top-k", "3")
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0].split() == ["rank", "score", "item", "title"]
+        assert [line.split()[0] for line in lines[1:4]] == ["1", "2", "3"]
+        assert "model scorer v1" in result.stdout
+    finally:
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, output
+    assert "Sample request" in output and "Serving; Ctrl-C to stop." in output
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_sigterm_drains_in_flight_requests(tiny_repository, tiny_triton):
+    from slimserve.v1 import scoring_pb2_grpc
+
+    port = free_port()
+    serve = subprocess.Popen(
+        [
+            *CLI,
+            "serve",
+            "--triton-url",
+            tiny_triton.grpc_url,
+            "--port",
+            str(port),
+            "--metrics-port",
+            "-1",
+            "--bundle-dir",
+            str(bundle_dir_for(tiny_repository, "scorer")),
+            "--drain-grace-s",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    signalled_at = 0.0
+    try:
+        await wait_healthy(port, serve, timeout_s=60)
+        request = build_request(EXAMPLE_MEMBER, example_candidates(120))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = scoring_pb2_grpc.ScoringServiceStub(channel)
+            await stub.Score(request, timeout=60)  # warm
+
+            async def call():
+                response = await stub.Score(request, timeout=60)
+                return len(response.items), time.monotonic()
+
+            calls = [asyncio.create_task(call()) for _ in range(24)]
+            await asyncio.sleep(0.5)
+            assert not all(c.done() for c in calls), "load finished before SIGTERM: test is vacuous"
+            signalled_at = time.monotonic()
+            serve.send_signal(signal.SIGTERM)
+            results = await asyncio.gather(*calls)
+    finally:
+        if serve.poll() is None and not signalled_at:
+            serve.send_signal(signal.SIGTERM)
+        output, _ = serve.communicate(timeout=60)
+    assert [n for n, _ in results] == [120] * 24, "an accepted request did not get its answer"
+    assert any(done > signalled_at for _, done in results), "no request was in flight at SIGTERM"
+    assert serve.returncode == 0, output
+    assert "draining" in output
