@@ -17,6 +17,7 @@ from triton_fixtures import (
     SCORER,
     parent_pid,
     stub_pids,
+    stub_processes,
     write_broken_model,
     write_scorer_model,
 )
@@ -147,16 +148,21 @@ def test_readiness_timeout_includes_log_tail_and_leaves_no_stub(tmp_path: Path):
         stop_grace_s=2,
     )
     server = TritonServer(config)
-    before = set(stub_pids())
-    shm_before = set(Path("/dev/shm").glob("triton_python_backend_shm_region*"))
     start = time.monotonic()
-    with pytest.raises(TritonLaunchError, match="not ready after 3 s") as info:
-        server.start()
+    with ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(server.start)
+        stubs: dict[int, list[str]] = {}
+        while not stubs and not starting.done():
+            stubs = stub_processes(repository)
+            time.sleep(0.05)
+        with pytest.raises(TritonLaunchError, match="not ready after 3 s") as info:
+            starting.result()
     assert time.monotonic() - start < 15
+    assert stubs, "the slow model's stub was started"
     assert "slow" in str(info.value)  # the log tail names the model being loaded
-    assert set(stub_pids()) <= before
-    # The killed server could not unlink its stub's shared memory: stop() did.
-    assert set(Path("/dev/shm").glob("triton_python_backend_shm_region*")) <= shm_before
+    assert not stub_processes(repository)
+    # The server was killed while loading, so it could not unlink its stub's shared memory: stop() did.
+    assert not any((Path("/dev/shm") / argv[2]).exists() for argv in stubs.values())
 
 
 async def test_start_serve_stop_leaves_no_orphans_and_client_sees_unavailable(tmp_path: Path):
@@ -174,8 +180,8 @@ async def test_start_serve_stop_leaves_no_orphans_and_client_sees_unavailable(tm
             assert response.status == 200
         with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
             assert b"nv_inference" in response.read()
-        stubs = [p for p in stub_pids() if parent_pid(p) == pid]
-        assert stubs, "the python model runs in a stub process"
+        stubs = stub_pids(repository)
+        assert stubs and all(parent_pid(p) == pid for p in stubs), "the python model runs in a stub process"
         assert set(stubs) <= set(group_members(pid))  # so stopping the group reaches it
         ids = np.ones((2, 4), np.int64)
         assert (await client.infer_scores(ids, ids)).scores.tolist() == [4.0, 4.0]
@@ -184,7 +190,7 @@ async def test_start_serve_stop_leaves_no_orphans_and_client_sees_unavailable(tm
     assert not server.is_running()
     assert not Path(f"/proc/{pid}").exists()
     assert not group_members(pid)
-    assert not set(stubs) & set(stub_pids())
+    assert not stub_pids(repository)
     assert "successfully unloaded" in server.log_path.read_text()  # a clean shutdown, not a SIGKILL
     # The client's channel was connected: a stopped server must fail fast, not hang.
     start = time.monotonic()

@@ -160,20 +160,28 @@ async def wait_for_file(path: Path, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def stub_pids() -> list[int]:
-    """Pids of all live ``triton_python_backend_stub`` processes on this machine (from /proc)."""
-    pids = []
+def stub_processes(under: Path | None = None) -> dict[int, list[str]]:
+    """Live ``triton_python_backend_stub`` processes (pid -> argv) from /proc; with ``under``, only those
+    serving a model file inside that folder (other servers may run on the same machine)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            argv = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0")]
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if argv0.endswith(STUB_NAME.encode()) and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+        if not argv[0].endswith(STUB_NAME) or state == "Z" or len(argv) < 3:
+            continue
+        if under is None or argv[1].startswith(str(under)):
+            found[int(entry.name)] = argv
+    return found
+
+
+def stub_pids(under: Path | None = None) -> list[int]:
+    """Pids of live python-backend stubs (see ``stub_processes``)."""
+    return list(stub_processes(under))
 
 
 def parent_pid(pid: int) -> int | None:

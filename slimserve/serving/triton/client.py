@@ -79,7 +79,7 @@ def map_triton_error(exc: BaseException, what: str) -> ServingError:
     """The serving error for a tritonclient/gRPC error, chosen by status code. ``what`` names the call."""
     if isinstance(exc, InferenceServerException):
         status, message = _status_name(exc), exc.message() or ""
-    elif isinstance(exc, grpc.RpcError):
+    elif isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
         status, message = exc.code().name, exc.details() or ""  # type: ignore[attr-defined]
     else:
         return InternalError(f"{what} failed")

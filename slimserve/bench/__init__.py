@@ -1,0 +1,1 @@
+"""Benchmarks (``slimserve bench ...``): speed is measured here, never asserted in unit tests."""
