@@ -1,0 +1,53 @@
+"""Project-level contracts: dependency direction, recipes and service configs that load, packaging."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slimserve.export.pipeline import ScorerExportConfig
+from slimserve.serving.config import ScoringServiceConfig
+from slimserve.settings import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_serving_never_imports_torch_transformers_or_build_code():
+    code = (
+        "import sys, slimserve.serving.server, slimserve.serving.triton.launcher, slimserve.client;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx')"
+        " or m.startswith('slimserve.export')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_export_never_imports_serving():
+    code = (
+        "import sys, slimserve.export.pipeline, slimserve.export.repository, slimserve.export.scorer_model;"
+        "bad = [m for m in sys.modules if m.startswith('slimserve.serving')]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "build" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_recipes_load(recipe):
+    config = load_config(ScorerExportConfig, recipe, environ={})
+    assert config.model_name == "scorer"
+
+
+def test_recipe_with_unknown_key_is_rejected(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("teacher: tiny\nmax_batch: 8\n")
+    with pytest.raises(ConfigError, match="max_batch"):
+        load_config(ScorerExportConfig, bad, environ={})
+
+
+def test_service_container_config_loads():
+    config = load_config(ScoringServiceConfig, ROOT / "services" / "scoring" / "config.yaml", environ={})
+    assert config.host == "0.0.0.0" and config.triton_url == "triton:8001"
