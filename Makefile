@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install up test test-all lint protos
+.PHONY: install up test test-fast lint protos
 
 install:
 	@./scripts/install.sh
@@ -13,8 +13,8 @@ up: install
 test: install
 	$(PY) -m pytest -q
 
-test-all: install
-	$(PY) -m pytest -q -m "slow or not slow"
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -100,6 +100,7 @@ async def test_service_scores_equal_direct_onnx_runtime(stub, tiny_repository):
     assert meta.model_name == "scorer" and meta.model_version == "1"
     assert meta.bundle_hash == load_bundle(bundle_dir_for(tiny_repository, "scorer")).content_hash
     assert meta.total_ms > 0 and meta.inference_ms > 0
+    assert meta.queue_ms + meta.inference_ms <= meta.total_ms  # the slowest call, inside the total
 
 
 async def test_top_k_cuts_the_ranking(stub):

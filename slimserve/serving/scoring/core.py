@@ -143,13 +143,10 @@ class ScoringCore:
             raise DeadlineExceeded("deadline passed before the model was called")
         results = await self._infer_all(chunks, remaining, request_id)
         scores = np.empty(len(candidates), dtype=np.float32)
-        queue_ms = inference_ms = 0.0
         for chunk, result in zip(chunks, results, strict=True):
             scores[list(chunk.indices)] = result.scores
-            compute = result.round_trip_ms if result.compute_ms is None else result.compute_ms
-            inference_ms += compute
-            queue_ms += max(0.0, result.round_trip_ms - compute)
         items = rank(candidates, scores, top_k)
+        queue_ms, inference_ms = critical_path_timings(results)
         total_ms = (time.perf_counter() - start) * 1e3
         return schema.ScoreResult(items, schema.ScoreTimings(queue_ms, inference_ms, total_ms))
 
@@ -214,6 +211,18 @@ class ScoringCore:
         """Stop the health watcher and close the Triton client."""
         await self.watcher.stop()
         await self.client.close()
+
+
+def critical_path_timings(results: list[InferResult]) -> tuple[float, float]:
+    """(queue_ms, inference_ms) of the slowest Triton call: the calls run concurrently, so the
+    slowest one is what the request waited for; its queue and compute add up to its round trip."""
+    slowest = max(results, key=lambda r: r.round_trip_ms)
+    compute = (
+        slowest.round_trip_ms
+        if slowest.compute_ms is None
+        else min(slowest.compute_ms, slowest.round_trip_ms)
+    )
+    return max(0.0, slowest.round_trip_ms - compute), compute
 
 
 def rank(

