@@ -140,3 +140,47 @@ async def test_sigterm_drains_in_flight_requests(tiny_repository, tiny_triton):
     assert any(done > signalled_at for _, done in results), "no request was in flight at SIGTERM"
     assert serve.returncode == 0, output
     assert "draining" in output
+
+
+def test_triton_command_serves_the_repository_until_ctrl_c(tiny_repository):
+    import urllib.request
+
+    ports = [free_port() for _ in range(3)]
+    triton = subprocess.Popen(
+        [
+            *CLI,
+            "triton",
+            "--model-repository",
+            str(tiny_repository),
+            "--grpc-port",
+            str(ports[0]),
+            "--http-port",
+            str(ports[1]),
+            "--metrics-port",
+            str(ports[2]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert triton.poll() is None, triton.stdout.read()
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{ports[1]}/v2/models/scorer/ready", timeout=2
+                ) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            raise AssertionError("scorer not ready through `slimserve triton`")
+        children = psutil.Process(triton.pid).children(recursive=True)
+    finally:
+        triton.send_signal(signal.SIGINT)
+        output, _ = triton.communicate(timeout=60)
+    assert triton.returncode == 0, output
+    assert f"gRPC 127.0.0.1:{ports[0]}" in output
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
