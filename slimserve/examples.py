@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from .schema import Item, ItemKind, Member, Seniority
+from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
 EXAMPLE_MEMBER = Member(
     id="m-demo-1",
@@ -18,6 +18,11 @@ EXAMPLE_MEMBER = Member(
     location="Berlin, Germany",
     industries=("software", "internet"),
     open_to_remote=True,
+    history=(
+        Activity("Platform Engineer", "Hooli", "internet", ActivityKind.ENGAGED),
+        Activity("Accountant", "Initech", "finance", ActivityKind.DISMISSED),
+        Activity("Senior Python Developer", "Stark Data", "software", ActivityKind.ENGAGED),
+    ),
 )
 
 _TITLES = (

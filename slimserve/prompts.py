@@ -6,9 +6,9 @@ service, so a model is never served with a prompt it was not trained and exporte
 
 from __future__ import annotations
 
-from .schema import Item, ItemKind, Member, Seniority
+from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
-SCORING_TEMPLATE_VERSION = "scoring-v1"
+SCORING_TEMPLATE_VERSION = "scoring-v2"
 
 # The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
 # because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
@@ -38,6 +38,20 @@ def _join(values: tuple[str, ...] | list[str]) -> str:
     return ", ".join(v for v in values if v) or "none listed"
 
 
+_ACTIVITY_TEXT = {
+    ActivityKind.UNSPECIFIED: "viewed",
+    ActivityKind.ENGAGED: "engaged with",
+    ActivityKind.DISMISSED: "dismissed",
+}
+
+
+def render_activity(activity: Activity) -> str:
+    """One history line: what the member did with which item."""
+    where = f" at {activity.company}" if activity.company else ""
+    industry = f" ({activity.industry})" if activity.industry else ""
+    return f"- {_ACTIVITY_TEXT[activity.kind]} {activity.item_title}{where}{industry}\n"
+
+
 def render_member(member: Member) -> str:
     """Verbalize a member profile (360Brew style: short labelled lines)."""
     remote = "yes" if member.open_to_remote else "no"
@@ -48,7 +62,13 @@ def render_member(member: Member) -> str:
         f"{member.years_experience:g} years of experience\n"
         f"Member location: {member.location or 'unknown'} (open to remote: {remote})\n"
         f"Member industries: {_join(member.industries)}\n"
-    )
+    ) + _render_history(member.history)
+
+
+def _render_history(history: tuple[Activity, ...]) -> str:
+    if not history:
+        return "Member recent activity: none\n"
+    return "Member recent activity:\n" + "".join(render_activity(a) for a in history)
 
 
 def render_item(item: Item) -> str:

@@ -32,6 +32,24 @@ class ItemKind(str, Enum):
     POST = "post"
 
 
+class ActivityKind(str, Enum):
+    """What a member did with an item in the past."""
+
+    UNSPECIFIED = "unspecified"
+    ENGAGED = "engaged"
+    DISMISSED = "dismissed"
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One past interaction of a member, as the prompt shows it (most recent first)."""
+
+    item_title: str
+    company: str = ""
+    industry: str = ""
+    kind: ActivityKind = ActivityKind.ENGAGED
+
+
 @dataclass(frozen=True)
 class Member:
     """A member for whom candidates are ranked."""
@@ -44,6 +62,7 @@ class Member:
     location: str = ""
     industries: tuple[str, ...] = ()
     open_to_remote: bool = False
+    history: tuple[Activity, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,15 +119,15 @@ def _enum_value(enum_cls, raw, field_name: str):
         raise SchemaError(f"{field_name}: {raw!r} is not one of {choices}") from None
 
 
-def _record(cls, data: object, where: str, enums: dict, lists: tuple[str, ...]):
+def _record(cls, data: object, where: str, enums: dict, lists: tuple[str, ...] = (), required: str = "id"):
     if not isinstance(data, dict):
         raise SchemaError(f"{where}: expected an object, got {type(data).__name__}")
     known = {f for f in cls.__dataclass_fields__}
     unknown = sorted(set(data) - known)
     if unknown:
         raise SchemaError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
-    if not data.get("id"):
-        raise SchemaError(f"{where}.id: required")
+    if not data.get(required):
+        raise SchemaError(f"{where}.{required}: required")
     values = dict(data)
     for name, enum_cls in enums.items():
         if name in values:
@@ -124,8 +143,19 @@ def _record(cls, data: object, where: str, enums: dict, lists: tuple[str, ...]):
         raise SchemaError(f"{where}: {exc}") from None
 
 
+def activity_from_dict(data: object, where: str = "activity") -> Activity:
+    """An ``Activity`` from a JSON object (``kind`` by name: ``"engaged"`` or ``"dismissed"``)."""
+    return _record(Activity, data, where, {"kind": ActivityKind}, required="item_title")
+
+
 def member_from_dict(data: object, where: str = "member") -> Member:
     """A ``Member`` from a JSON object (enums by name, e.g. ``"senior"``)."""
+    if isinstance(data, dict) and "history" in data:
+        history = data["history"]
+        if not isinstance(history, list):
+            raise SchemaError(f"{where}.history: expected a list")
+        activities = tuple(activity_from_dict(a, f"{where}.history[{i}]") for i, a in enumerate(history))
+        data = {**data, "history": activities}
     return _record(Member, data, where, {"seniority": Seniority}, ("skills", "industries"))
 
 

@@ -17,7 +17,7 @@ def tiny_repository(tmp_path_factory) -> Path:
 
     repository = tmp_path_factory.mktemp("repo") / "model_repository"
     export_scorer(
-        ScorerExportConfig(teacher="tiny", model_repository=repository, length_buckets=(64, 160, 256)),
+        ScorerExportConfig(teacher="tiny", model_repository=repository, length_buckets=(64, 192, 320)),
         command="tests: tiny export",
     )
     return repository

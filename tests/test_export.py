@@ -15,7 +15,7 @@ from slimserve.export.repository import list_versions
 from slimserve.export.scorer_graph import ScorerGraph
 from slimserve.export.teacher import load_teacher
 from slimserve.prompts import SCORING_TEMPLATE_VERSION, render_scoring_prompt
-from slimserve.tokenization import PromptTokenizer, pad_batch
+from slimserve.tokenization import PromptTokenizer, bucket_for, pad_batch
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,8 @@ def test_label_words_are_single_tokens(tiny):
 def test_parity_prompts_cover_long_buckets(tiny):
     tokenizer = PromptTokenizer(tiny.tokenizer_file, max_length=512)
     lengths = [len(s) for s in tokenizer.encode(parity_prompts(24))]
-    assert min(lengths) < 160 < max(lengths)
+    buckets = {bucket_for(n, ScorerExportConfig().length_buckets) for n in lengths}
+    assert len(buckets) >= 2, f"parity prompts of {lengths} tokens fall into one bucket"
 
 
 def test_parity_verdicts():
@@ -109,3 +110,10 @@ def test_packaged_teacher_exports_with_parity(tmp_path):
     assert result.parity.passed and result.parity.max_abs_diff < 1e-3
     bundle = load_bundle(bundle_dir_for(tmp_path / "repo", "scorer"))
     assert bundle.source_model == "SmolLM2-135M-Instruct"
+
+
+def test_prompt_shows_history_most_recent_first():
+    text = render_scoring_prompt(EXAMPLE_MEMBER, example_candidates(1)[0])
+    assert "Member recent activity:\n- engaged with Platform Engineer at Hooli (internet)\n" in text
+    assert "- dismissed Accountant at Initech (finance)\n" in text
+    assert text.endswith("Answer Yes or No.\nAnswer:")

@@ -51,3 +51,16 @@ def test_recipe_with_unknown_key_is_rejected(tmp_path):
 def test_service_container_config_loads():
     config = load_config(ScoringServiceConfig, ROOT / "services" / "scoring" / "config.yaml", environ={})
     assert config.host == "0.0.0.0" and config.triton_url == "triton:8001"
+
+
+def test_member_json_with_history_parses_and_names_bad_fields():
+    from slimserve.schema import ActivityKind, SchemaError, member_from_dict
+
+    member = member_from_dict(
+        {"id": "m", "seniority": "senior", "history": [{"item_title": "SRE", "kind": "dismissed"}]}
+    )
+    assert member.history[0].kind is ActivityKind.DISMISSED
+    with pytest.raises(SchemaError, match=r"member\.history\[0\]\.kind"):
+        member_from_dict({"id": "m", "history": [{"item_title": "SRE", "kind": "maybe"}]})
+    with pytest.raises(SchemaError, match=r"member\.history\[1\]\.item_title: required"):
+        member_from_dict({"id": "m", "history": [{"item_title": "SRE"}, {"company": "x"}]})

@@ -25,6 +25,10 @@ MEMBER = schema.Member(
     location="Berlin",
     industries=("software",),
     open_to_remote=True,
+    history=(
+        schema.Activity("Data Engineer", "Globex", "software", schema.ActivityKind.ENGAGED),
+        schema.Activity("Nurse", kind=schema.ActivityKind.DISMISSED),
+    ),
 )
 ITEM = schema.Item(
     id="j1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -11,7 +12,9 @@ from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.errors import InvalidArgument
 from slimserve.serving.scoring.validation import effective_top_k, validate_score_request
 
-LIMITS = ScoringServiceConfig(max_candidates=5, max_text_chars=20, max_list_items=3, max_id_chars=8)
+LIMITS = ScoringServiceConfig(
+    max_candidates=5, max_text_chars=20, max_list_items=3, max_id_chars=8, max_history=2
+)
 MEMBER = Member(id="m1", headline="Data engineer", skills=("python", "sql"), seniority=Seniority.MID)
 
 
@@ -115,3 +118,18 @@ def test_top_k():
     assert_field("top_k", top_k=0)  # required: zero top_k with candidates is bad input
     assert effective_top_k(3, 7) == 3
     assert effective_top_k(50, 7) == 7  # clamped, not an error
+
+
+def test_history():
+    from slimserve.schema import Activity, ActivityKind
+
+    ok = (Activity("Engineer", "Acme"), Activity("Nurse", kind=ActivityKind.DISMISSED))
+    check(member=dataclasses.replace(MEMBER, history=ok))
+    assert_field("member.history", member=dataclasses.replace(MEMBER, history=ok + ok[:1]))
+    assert_field(
+        "member.history[1].item_title", member=dataclasses.replace(MEMBER, history=(ok[0], Activity("")))
+    )
+    long = Activity("Engineer", company="c" * 21)
+    assert_field("member.history[0].company", member=dataclasses.replace(MEMBER, history=(long,)))
+    bad_kind = Activity("Engineer", kind="sometimes")
+    assert_field("member.history[0].kind", member=dataclasses.replace(MEMBER, history=(bad_kind,)))

@@ -46,7 +46,7 @@ class ScorerExportConfig(Settings):
     )
     model_name: str = Field("scorer", description="Triton model name")
     length_buckets: tuple[int, ...] = Field(
-        (96, 160, 256, 512), description="Sequence-length buckets (the largest is the max prompt length)"
+        (96, 192, 320, 512), description="Sequence-length buckets (the largest is the max prompt length)"
     )
     max_batch_size: int = Field(64, ge=1, description="Triton max_batch_size")
     max_queue_delay_us: int = Field(200, ge=0, description="Dynamic batcher: longest wait to grow a batch")

@@ -37,6 +37,9 @@ class ScoringServiceConfig(ServiceConfig):
     max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
     max_text_chars: int = Field(2000, ge=1, description="Longest text field (characters).")
     max_list_items: int = Field(100, ge=0, description="Most entries in a skills or industries list.")
+    max_history: int = Field(
+        10, ge=0, description="Most entries in member.history (each adds about 15 prompt tokens)."
+    )
     max_id_chars: int = Field(256, ge=1, description="Longest member or item id (characters).")
     triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
     default_timeout_s: float = Field(

@@ -127,6 +127,10 @@ class TritonPythonModel:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Spinning worker threads burn the cores the service and Triton share on a small CPU host;
+        # parameter allow_spinning "1" turns it back on for a dedicated machine.
+        spinning = config_parameter(model_config, "allow_spinning", "0")
+        options.add_session_config_entry("session.intra_op.allow_spinning", str(spinning))
         self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
         graph_inputs = {i.name for i in self.session.get_inputs()}
         unknown = graph_inputs - {INPUT_IDS, ATTENTION_MASK}
@@ -135,7 +139,7 @@ class TritonPythonModel:
         self.feed_names = sorted(graph_inputs)
         pb_utils.Logger.log_info(
             f"onnx_scorer {args.get('model_name', '')} v{args['model_version']} instance "
-            f"{args.get('model_instance_name', '')}: {path}, intra_op_threads={threads}, inter_op_threads=1"
+            f"{args.get('model_instance_name', '')}: {path}, intra_op_threads={threads}, inter_op_threads=1, allow_spinning={spinning}"
         )
 
     def _run(self, input_ids, attention_mask):

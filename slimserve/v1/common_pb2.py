@@ -14,21 +14,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19slimserve/v1/common.proto\x12\x0cslimserve.v1\"\xba\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08headline\x18\x02 \x01(\t\x12\x0e\n\x06skills\x18\x03 \x03(\t\x12*\n\tseniority\x18\x04 \x01(\x0e\x32\x17.slimserve.v1.Seniority\x12\x18\n\x10years_experience\x18\x05 \x01(\x02\x12\x10\n\x08location\x18\x06 \x01(\t\x12\x12\n\nindustries\x18\x07 \x03(\t\x12\x16\n\x0eopen_to_remote\x18\x08 \x01(\x08\"\xe6\x01\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.slimserve.v1.ItemKind\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x63ompany\x18\x04 \x01(\t\x12\x17\n\x0frequired_skills\x18\x05 \x03(\t\x12*\n\tseniority\x18\x06 \x01(\x0e\x32\x17.slimserve.v1.Seniority\x12\x10\n\x08location\x18\x07 \x01(\t\x12\x0e\n\x06remote\x18\x08 \x01(\x08\x12\x10\n\x08industry\x18\t \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\"\xa0\x01\n\x10ResponseMetadata\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x13\n\x0b\x62undle_hash\x18\x04 \x01(\t\x12\x10\n\x08queue_ms\x18\x05 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x06 \x01(\x01\x12\x10\n\x08total_ms\x18\x07 \x01(\x01*\xbf\x01\n\tSeniority\x12\x19\n\x15SENIORITY_UNSPECIFIED\x10\x00\x12\x14\n\x10SENIORITY_INTERN\x10\x01\x12\x13\n\x0fSENIORITY_ENTRY\x10\x02\x12\x11\n\rSENIORITY_MID\x10\x03\x12\x14\n\x10SENIORITY_SENIOR\x10\x04\x12\x12\n\x0eSENIORITY_LEAD\x10\x05\x12\x16\n\x12SENIORITY_DIRECTOR\x10\x06\x12\x17\n\x13SENIORITY_EXECUTIVE\x10\x07*b\n\x08ItemKind\x12\x19\n\x15ITEM_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rITEM_KIND_JOB\x10\x01\x12\x14\n\x10ITEM_KIND_COURSE\x10\x02\x12\x12\n\x0eITEM_KIND_POST\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19slimserve/v1/common.proto\x12\x0cslimserve.v1\"k\n\x08\x41\x63tivity\x12\x12\n\nitem_title\x18\x01 \x01(\t\x12\x0f\n\x07\x63ompany\x18\x02 \x01(\t\x12\x10\n\x08industry\x18\x03 \x01(\t\x12(\n\x04kind\x18\x04 \x01(\x0e\x32\x1a.slimserve.v1.ActivityKind\"\xe3\x01\n\x06Member\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08headline\x18\x02 \x01(\t\x12\x0e\n\x06skills\x18\x03 \x03(\t\x12*\n\tseniority\x18\x04 \x01(\x0e\x32\x17.slimserve.v1.Seniority\x12\x18\n\x10years_experience\x18\x05 \x01(\x02\x12\x10\n\x08location\x18\x06 \x01(\t\x12\x12\n\nindustries\x18\x07 \x03(\t\x12\x16\n\x0eopen_to_remote\x18\x08 \x01(\x08\x12\'\n\x07history\x18\t \x03(\x0b\x32\x16.slimserve.v1.Activity\"\xe6\x01\n\x04Item\x12\n\n\x02id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.slimserve.v1.ItemKind\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0f\n\x07\x63ompany\x18\x04 \x01(\t\x12\x17\n\x0frequired_skills\x18\x05 \x03(\t\x12*\n\tseniority\x18\x06 \x01(\x0e\x32\x17.slimserve.v1.Seniority\x12\x10\n\x08location\x18\x07 \x01(\t\x12\x0e\n\x06remote\x18\x08 \x01(\x08\x12\x10\n\x08industry\x18\t \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\n \x01(\t\"\xa0\x01\n\x10ResponseMetadata\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x13\n\x0b\x62undle_hash\x18\x04 \x01(\t\x12\x10\n\x08queue_ms\x18\x05 \x01(\x01\x12\x14\n\x0cinference_ms\x18\x06 \x01(\x01\x12\x10\n\x08total_ms\x18\x07 \x01(\x01*\xbf\x01\n\tSeniority\x12\x19\n\x15SENIORITY_UNSPECIFIED\x10\x00\x12\x14\n\x10SENIORITY_INTERN\x10\x01\x12\x13\n\x0fSENIORITY_ENTRY\x10\x02\x12\x11\n\rSENIORITY_MID\x10\x03\x12\x14\n\x10SENIORITY_SENIOR\x10\x04\x12\x12\n\x0eSENIORITY_LEAD\x10\x05\x12\x16\n\x12SENIORITY_DIRECTOR\x10\x06\x12\x17\n\x13SENIORITY_EXECUTIVE\x10\x07*e\n\x0c\x41\x63tivityKind\x12\x1d\n\x19\x41\x43TIVITY_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15\x41\x43TIVITY_KIND_ENGAGED\x10\x01\x12\x1b\n\x17\x41\x43TIVITY_KIND_DISMISSED\x10\x02*b\n\x08ItemKind\x12\x19\n\x15ITEM_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rITEM_KIND_JOB\x10\x01\x12\x14\n\x10ITEM_KIND_COURSE\x10\x02\x12\x12\n\x0eITEM_KIND_POST\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'slimserve.v1.common_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_SENIORITY']._serialized_start=629
-  _globals['_SENIORITY']._serialized_end=820
-  _globals['_ITEMKIND']._serialized_start=822
-  _globals['_ITEMKIND']._serialized_end=920
-  _globals['_MEMBER']._serialized_start=44
-  _globals['_MEMBER']._serialized_end=230
-  _globals['_ITEM']._serialized_start=233
-  _globals['_ITEM']._serialized_end=463
-  _globals['_RESPONSEMETADATA']._serialized_start=466
-  _globals['_RESPONSEMETADATA']._serialized_end=626
+  _globals['_SENIORITY']._serialized_start=779
+  _globals['_SENIORITY']._serialized_end=970
+  _globals['_ACTIVITYKIND']._serialized_start=972
+  _globals['_ACTIVITYKIND']._serialized_end=1073
+  _globals['_ITEMKIND']._serialized_start=1075
+  _globals['_ITEMKIND']._serialized_end=1173
+  _globals['_ACTIVITY']._serialized_start=43
+  _globals['_ACTIVITY']._serialized_end=150
+  _globals['_MEMBER']._serialized_start=153
+  _globals['_MEMBER']._serialized_end=380
+  _globals['_ITEM']._serialized_start=383
+  _globals['_ITEM']._serialized_end=613
+  _globals['_RESPONSEMETADATA']._serialized_start=616
+  _globals['_RESPONSEMETADATA']._serialized_end=776
 # @@protoc_insertion_point(module_scope)

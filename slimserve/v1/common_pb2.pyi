@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Iterable as _Iterable, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,6 +16,12 @@ class Seniority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SENIORITY_LEAD: _ClassVar[Seniority]
     SENIORITY_DIRECTOR: _ClassVar[Seniority]
     SENIORITY_EXECUTIVE: _ClassVar[Seniority]
+
+class ActivityKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTIVITY_KIND_UNSPECIFIED: _ClassVar[ActivityKind]
+    ACTIVITY_KIND_ENGAGED: _ClassVar[ActivityKind]
+    ACTIVITY_KIND_DISMISSED: _ClassVar[ActivityKind]
 
 class ItemKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -31,13 +37,28 @@ SENIORITY_SENIOR: Seniority
 SENIORITY_LEAD: Seniority
 SENIORITY_DIRECTOR: Seniority
 SENIORITY_EXECUTIVE: Seniority
+ACTIVITY_KIND_UNSPECIFIED: ActivityKind
+ACTIVITY_KIND_ENGAGED: ActivityKind
+ACTIVITY_KIND_DISMISSED: ActivityKind
 ITEM_KIND_UNSPECIFIED: ItemKind
 ITEM_KIND_JOB: ItemKind
 ITEM_KIND_COURSE: ItemKind
 ITEM_KIND_POST: ItemKind
 
+class Activity(_message.Message):
+    __slots__ = ("item_title", "company", "industry", "kind")
+    ITEM_TITLE_FIELD_NUMBER: _ClassVar[int]
+    COMPANY_FIELD_NUMBER: _ClassVar[int]
+    INDUSTRY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    item_title: str
+    company: str
+    industry: str
+    kind: ActivityKind
+    def __init__(self, item_title: _Optional[str] = ..., company: _Optional[str] = ..., industry: _Optional[str] = ..., kind: _Optional[_Union[ActivityKind, str]] = ...) -> None: ...
+
 class Member(_message.Message):
-    __slots__ = ("id", "headline", "skills", "seniority", "years_experience", "location", "industries", "open_to_remote")
+    __slots__ = ("id", "headline", "skills", "seniority", "years_experience", "location", "industries", "open_to_remote", "history")
     ID_FIELD_NUMBER: _ClassVar[int]
     HEADLINE_FIELD_NUMBER: _ClassVar[int]
     SKILLS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +67,7 @@ class Member(_message.Message):
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     INDUSTRIES_FIELD_NUMBER: _ClassVar[int]
     OPEN_TO_REMOTE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     id: str
     headline: str
     skills: _containers.RepeatedScalarFieldContainer[str]
@@ -54,7 +76,8 @@ class Member(_message.Message):
     location: str
     industries: _containers.RepeatedScalarFieldContainer[str]
     open_to_remote: bool
-    def __init__(self, id: _Optional[str] = ..., headline: _Optional[str] = ..., skills: _Optional[_Iterable[str]] = ..., seniority: _Optional[_Union[Seniority, str]] = ..., years_experience: _Optional[float] = ..., location: _Optional[str] = ..., industries: _Optional[_Iterable[str]] = ..., open_to_remote: bool = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[Activity]
+    def __init__(self, id: _Optional[str] = ..., headline: _Optional[str] = ..., skills: _Optional[_Iterable[str]] = ..., seniority: _Optional[_Union[Seniority, str]] = ..., years_experience: _Optional[float] = ..., location: _Optional[str] = ..., industries: _Optional[_Iterable[str]] = ..., open_to_remote: bool = ..., history: _Optional[_Iterable[_Union[Activity, _Mapping]]] = ...) -> None: ...
 
 class Item(_message.Message):
     __slots__ = ("id", "kind", "title", "company", "required_skills", "seniority", "location", "remote", "industry", "description")

@@ -24,6 +24,10 @@ _SENIORITY_TO_PROTO = {s: common_pb2.Seniority.Value(f"SENIORITY_{s.name}") for 
 _SENIORITY_FROM_PROTO = {v: k for k, v in _SENIORITY_TO_PROTO.items()}
 _KIND_TO_PROTO = {k: common_pb2.ItemKind.Value(f"ITEM_KIND_{k.name}") for k in schema.ItemKind}
 _KIND_FROM_PROTO = {v: k for k, v in _KIND_TO_PROTO.items()}
+_ACTIVITY_TO_PROTO = {
+    k: common_pb2.ActivityKind.Value(f"ACTIVITY_KIND_{k.name}") for k in schema.ActivityKind
+}
+_ACTIVITY_FROM_PROTO = {v: k for k, v in _ACTIVITY_TO_PROTO.items()}
 
 
 def _enum(mapping: dict, number: int, field: str):
@@ -44,6 +48,17 @@ def member_from_proto(message: common_pb2.Member, field: str = "member") -> sche
         location=message.location,
         industries=tuple(message.industries),
         open_to_remote=message.open_to_remote,
+        history=tuple(activity_from_proto(a, f"{field}.history[{i}]") for i, a in enumerate(message.history)),
+    )
+
+
+def activity_from_proto(message: common_pb2.Activity, field: str) -> schema.Activity:
+    """A protobuf Activity as a plain ``schema.Activity``."""
+    return schema.Activity(
+        item_title=message.item_title,
+        company=message.company,
+        industry=message.industry,
+        kind=_enum(_ACTIVITY_FROM_PROTO, message.kind, f"{field}.kind"),
     )
 
 
@@ -74,6 +89,15 @@ def member_to_proto(member: schema.Member) -> common_pb2.Member:
         location=member.location,
         industries=list(member.industries),
         open_to_remote=member.open_to_remote,
+        history=[
+            common_pb2.Activity(
+                item_title=a.item_title,
+                company=a.company,
+                industry=a.industry,
+                kind=_ACTIVITY_TO_PROTO[a.kind],
+            )
+            for a in member.history
+        ],
     )
 
 

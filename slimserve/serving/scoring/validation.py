@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from slimserve.schema import Item, ItemKind, Member, Seniority
+from slimserve.schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
 from ..errors import InvalidArgument
 
@@ -29,6 +29,7 @@ class Limits(Protocol):
     max_text_chars: int
     max_list_items: int
     max_id_chars: int
+    max_history: int
 
 
 def _has_control(text: str, allowed: set[str] | frozenset[str] = frozenset()) -> bool:
@@ -88,6 +89,21 @@ def validate_member(member: Member | None, limits: Limits, field: str = "member"
         )
     check_text(member.location, f"{field}.location", limits)
     check_list(member.industries, f"{field}.industries", limits)
+    validate_history(member.history, limits, f"{field}.history")
+
+
+def validate_history(history: Sequence[Activity], limits: Limits, field: str) -> None:
+    """Check a member's recent activity (each entry: title required, texts bounded, kind valid)."""
+    if len(history) > limits.max_history:
+        raise InvalidArgument(field, f"{len(history)} entries, at most {limits.max_history} allowed")
+    for index, activity in enumerate(history):
+        where = f"{field}[{index}]"
+        if not activity.item_title:
+            raise InvalidArgument(f"{where}.item_title", "required")
+        check_text(activity.item_title, f"{where}.item_title", limits)
+        check_text(activity.company, f"{where}.company", limits)
+        check_text(activity.industry, f"{where}.industry", limits)
+        check_enum(activity.kind, ActivityKind, f"{where}.kind")
 
 
 def validate_item(item: Item, limits: Limits, field: str) -> None:
