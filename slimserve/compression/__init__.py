@@ -1,0 +1,1 @@
+"""Compression: teacher fine-tuning, distillation, structured pruning, quantization."""

@@ -1,0 +1,1 @@
+"""Evaluation: ranking and calibration metrics, and in-process speed of exported graphs."""
