@@ -52,6 +52,48 @@ def _run_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- build ------------------------------------------------------------------------------------------
+def _add_build(sub) -> None:
+    parser = sub.add_parser(
+        "build", help="data -> teacher fine-tune -> distill -> prune -> re-distill -> INT8 -> publish"
+    )
+    parser.add_argument("--recipe", default="cpu", help="tiny, cpu, gpu (build/recipes) or a YAML path")
+    parser.add_argument("--teacher", help="override teacher.source: default, tiny or a HF model directory")
+    parser.add_argument("--work-dir", type=Path, help="stage outputs (default build_output/<recipe>)")
+    parser.add_argument("--model-repository", type=Path, help="override publish.model_repository")
+    parser.add_argument("--restart", action="store_true", help="ignore finished stages and start over")
+    parser.set_defaults(handler=_run_build)
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    from .buildstage.recipe import load_recipe
+    from .buildstage.runner import run_build
+
+    recipe = load_recipe(args.recipe)
+    updates = {}
+    if args.teacher:
+        updates["teacher"] = recipe.teacher.model_copy(update={"source": args.teacher})
+    if args.work_dir:
+        updates["work_dir"] = args.work_dir
+    if args.model_repository:
+        updates["publish"] = recipe.publish.model_copy(update={"model_repository": args.model_repository})
+    recipe = recipe.model_copy(update=updates)
+    result = run_build(recipe, restart=args.restart, command=f"slimserve build --recipe {args.recipe}")
+    bayes = "n/a" if result.bayes_optimal_auc is None else f"{result.bayes_optimal_auc:.3f}"
+    print(f"\nStages (recipe {recipe.name}; Bayes-optimal test AUC {bayes}):\n")
+    print(result.table())
+    print(f"\npublished {result.published.path} (version {result.published.version})")
+    print(f"report: {recipe.resolved_work_dir() / 'report.md'}")
+    return EXIT_OK
+
+
+# -- data -------------------------------------------------------------------------------------------
+def _add_data(sub) -> None:
+    from .data.cli import add_data_commands
+
+    add_data_commands(sub)
+
+
 # -- triton -------------------------------------------------------------------------------------------
 def _add_triton(sub) -> None:
     parser = sub.add_parser("triton", help="run the Triton server alone on a model repository")
@@ -213,7 +255,16 @@ def _run_bench_latency(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS: tuple[Callable, ...] = (_add_export, _add_triton, _add_serve, _add_up, _add_score, _add_bench)
+COMMANDS: tuple[Callable, ...] = (
+    _add_data,
+    _add_build,
+    _add_export,
+    _add_triton,
+    _add_serve,
+    _add_up,
+    _add_score,
+    _add_bench,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,12 +37,19 @@ def test_export_never_imports_serving():
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "build" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
 def test_recipes_load(recipe):
-    config = load_config(ScorerExportConfig, recipe, environ={})
-    assert config.model_name == "scorer"
+    from slimserve.buildstage.recipe import load_recipe
+
+    config = load_recipe(str(recipe))
+    assert config.name == recipe.stem and config.publish.model_name == "scorer"
 
 
 def test_recipe_with_unknown_key_is_rejected(tmp_path):
+    from slimserve.buildstage.recipe import load_recipe
+
     bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nteacher: {source: tiny, train_layers: 2}\n")
+    with pytest.raises(ConfigError, match="train_layers"):
+        load_recipe(str(bad))
     bad.write_text("teacher: tiny\nmax_batch: 8\n")
     with pytest.raises(ConfigError, match="max_batch"):
         load_config(ScorerExportConfig, bad, environ={})

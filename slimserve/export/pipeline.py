@@ -89,7 +89,10 @@ def parity_prompts(count: int) -> list[str]:
     return [render_scoring_prompt(EXAMPLE_MEMBER, item) for item in items]
 
 
-def _build_bundle(config: ScorerExportConfig, tokenizer: PromptTokenizer, tokenizer_file: Path, source: str):
+def build_scorer_bundle(
+    config, tokenizer: PromptTokenizer, tokenizer_file: Path, source: str
+) -> ServingBundle:
+    """The serving bundle of a scorer (name, buckets and batch size from ``config``; hash at publish)."""
     return ServingBundle(
         model_name=config.model_name,
         model_version=0,  # set at publish
@@ -121,7 +124,7 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
 
     buckets = tuple(sorted(config.length_buckets))
     tokenizer = PromptTokenizer(loaded.tokenizer_file, max_length=max(buckets))
-    bundle = _build_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
+    bundle = build_scorer_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
     graph = ScorerGraph(loaded.model, bundle.yes_token_id, bundle.no_token_id).eval()
     sequences = tokenizer.encode(parity_prompts(config.parity_prompts))
     sample_ids, sample_mask = pad_batch(sequences[:2], bucket_for(max(map(len, sequences[:2])), buckets))

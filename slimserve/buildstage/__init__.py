@@ -1,0 +1,1 @@
+"""The build stage: recipe -> data -> teacher -> distill -> prune -> re-distill -> INT8 -> publish."""

@@ -1,0 +1,72 @@
+"""The data every model stage shares: examples per split, their token sequences, labels and members."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..compression.batches import encode_examples
+from ..tokenization import PromptTokenizer
+from .recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "validation", "test", "pool")
+
+
+@dataclass
+class BuildData:
+    """Examples, sequences, labels (-1 in the pool) and member ids per split."""
+
+    tokenizer: PromptTokenizer
+    examples: dict[str, list]
+    sequences: dict[str, list[list[int]]]
+    labels: dict[str, np.ndarray]
+    member_ids: dict[str, list[str]]
+    bayes_optimal_auc: float | None
+
+    def calibration(self, count: int) -> list[list[int]]:
+        """The first ``count`` training prompts (real prompts for pruning and INT8 calibration)."""
+        return self.sequences["train"][:count]
+
+
+def prepare_data(recipe: Recipe, dataset_dir: Path, tokenizer_file: Path) -> BuildData:
+    """Load the dataset, split by member, cap each split, tokenize."""
+    from ..data.records import load_dataset
+    from ..data.splits import split_dataset
+
+    settings = recipe.data
+    dataset = load_dataset(dataset_dir)
+    splits = split_dataset(dataset, seed=settings.split_seed)
+    caps = {
+        "train": settings.max_train,
+        "validation": settings.max_validation,
+        "test": settings.max_test,
+        "pool": settings.max_pool,
+    }
+    tokenizer = PromptTokenizer(tokenizer_file, max_length=max(recipe.publish.length_buckets))
+    examples = {name: splits.by_name(name)[: caps[name]] for name in SPLITS}
+    sequences = {name: encode_examples(items, tokenizer) for name, items in examples.items()}
+    labels = {
+        name: np.array([-1 if e.label is None else e.label for e in items], dtype=np.int64)
+        for name, items in examples.items()
+    }
+    member_ids = {name: [e.member_id for e in items] for name, items in examples.items()}
+    bayes = _bayes_optimal_auc(dataset_dir, examples["test"], labels["test"])
+    log.info("data: %s", ", ".join(f"{n} {len(examples[n])}" for n in SPLITS))
+    return BuildData(tokenizer, examples, sequences, labels, member_ids, bayes)
+
+
+def _bayes_optimal_auc(dataset_dir: Path, examples: list, labels: np.ndarray) -> float | None:
+    """AUC of the generator's true probabilities on exactly these test examples (synthetic data only)."""
+    from ..data.records import load_manifest
+    from ..data.synth import oracle_probabilities
+    from ..evaluation.metrics import auc
+
+    manifest = load_manifest(dataset_dir)
+    if not manifest or not examples:
+        return None
+    return auc(labels, oracle_probabilities(examples, manifest))

@@ -1,0 +1,152 @@
+"""The model stages of a build. Each reads the previous stage's output and writes its own directory."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ..evaluation.report import StageRow, quality_row
+from ..export.scorer_graph import ScorerGraph
+from . import artifacts
+from .context import BuildData
+from .recipe import Recipe
+from .training import cached_logits, distill, finetune_top_layers, teacher_split
+
+log = logging.getLogger(__name__)
+
+
+def margins(logits: np.ndarray) -> np.ndarray:
+    """logit(yes) - logit(no): the score the service ranks by."""
+    return logits[:, 0] - logits[:, 1]
+
+
+def evaluate(
+    stage: str, logits: np.ndarray, data: BuildData, teacher_test: np.ndarray | None, model=None
+) -> StageRow:
+    """Test-split quality of a stage (and its parameter counts when the model is given)."""
+    teacher = None if teacher_test is None else margins(teacher_test)
+    row = quality_row(stage, margins(logits), data.labels["test"], data.member_ids["test"], teacher)
+    if model is not None:
+        row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
+    return row
+
+
+def _label_ids(data: BuildData) -> tuple[int, int]:
+    from ..prompts import NO_WORD, YES_WORD
+
+    return data.tokenizer.token_id(YES_WORD), data.tokenizer.token_id(NO_WORD)
+
+
+def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
+    """Cache the frozen layers once, evaluate, fine-tune the top layers, evaluate, soft-label."""
+    from ..compression.split_scorer import HiddenCache
+
+    settings = recipe.teacher
+    graph = ScorerGraph(loaded_model, *_label_ids(data)).eval()
+    split = teacher_split(graph, settings.train_top_layers)
+    caches = {}
+    for name in ("train", "validation", "test", "pool"):
+        if data.sequences[name]:
+            log.info(
+                "teacher: caching %d bottom layers for %d %s prompts",
+                split.cut,
+                len(data.sequences[name]),
+                name,
+            )
+            caches[name] = HiddenCache(split, data.sequences[name])
+    base = cached_logits(split, {"test": caches["test"]})["test"]
+    rows = [evaluate("teacher", base, data, None, loaded_model)]
+    if settings.finetune:
+        report = finetune_top_layers(
+            split, caches["train"], data.labels["train"], settings.train, out / "checkpoint.pt"
+        )
+        log.info("teacher fine-tune: %s", report.as_dict())
+    logits = cached_logits(split, caches)
+    rows.append(evaluate("teacher fine-tuned", logits["test"], data, None, loaded_model))
+    artifacts.save_causal_lm(loaded_model, out / "model")
+    artifacts.save_arrays(out, base_test=base, **{f"logits_{k}": v for k, v in logits.items()})
+    return rows
+
+
+def _distill_on(
+    student_lm, data: BuildData, teacher_dir: Path, settings, out: Path, desc: str
+) -> ScorerGraph:
+    graph = ScorerGraph(student_lm, *_label_ids(data)).eval()
+    sequences = list(data.sequences["train"])
+    teacher = artifacts.load_array(teacher_dir, "logits_train")
+    labels = data.labels["train"]
+    if settings.use_pool and data.sequences["pool"]:
+        sequences += data.sequences["pool"]
+        teacher = np.concatenate([teacher, artifacts.load_array(teacher_dir, "logits_pool")])
+        labels = np.concatenate([labels, data.labels["pool"]])
+    report = distill(graph, sequences, teacher, labels, settings, out / "checkpoint.pt", desc)
+    log.info("%s: %s", desc, report.as_dict())
+    return graph
+
+
+def _test_logits(graph: ScorerGraph, data: BuildData) -> np.ndarray:
+    from ..compression.split_scorer import graph_logits
+
+    return graph_logits(graph, data.sequences["test"])
+
+
+def _prune(model, data: BuildData, recipe: Recipe, **sizes):
+    from ..compression.batches import pad_right
+    from ..compression.prune import PruneConfig, prune_model
+
+    calibration = data.calibration(recipe.data.calibration_examples)
+    batches = [pad_right(calibration[i : i + 8]) for i in range(0, len(calibration), 8)]
+    pruned, report = prune_model(model, batches, PruneConfig(**sizes))
+    return pruned, report
+
+
+def run_distill(recipe: Recipe, data: BuildData, teacher_dir: Path, out: Path) -> list[StageRow]:
+    """Student = the fine-tuned teacher's most important layers, distilled on train + pool."""
+    teacher_lm = artifacts.load_causal_lm(teacher_dir / "model")
+    student_lm, _ = _prune(teacher_lm, data, recipe, layers_keep=recipe.student.layers)
+    graph = _distill_on(student_lm, data, teacher_dir, recipe.student.distill, out, "distill")
+    logits = _test_logits(graph, data)
+    artifacts.save_causal_lm(student_lm, out / "model")
+    artifacts.save_arrays(out, logits_test=logits)
+    return [
+        evaluate(
+            "student distilled", logits, data, artifacts.load_array(teacher_dir, "logits_test"), student_lm
+        )
+    ]
+
+
+def run_prune(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path
+) -> list[StageRow]:
+    """OSSCAR-style pruning of the distilled student (and magnitude pruning of the same size)."""
+    settings = recipe.prune
+    sizes = {"mlp_keep": settings.mlp_keep, "heads_per_kv_group": settings.heads_per_kv_group}
+    teacher_test = artifacts.load_array(teacher_dir, "logits_test")
+    rows = []
+    variants = ["osscar", "magnitude"] if settings.compare_magnitude else ["osscar"]
+    for method in variants:
+        student_lm = artifacts.load_causal_lm(student_dir / "model")
+        pruned, report = _prune(student_lm, data, recipe, method=method, **sizes)
+        logits = _test_logits(ScorerGraph(pruned, *_label_ids(data)).eval(), data)
+        row = evaluate(f"pruned ({method})", logits, data, teacher_test, pruned)
+        row.notes["prune"] = getattr(report, "summary", lambda: {})()
+        rows.append(row)
+        if method == "osscar":
+            artifacts.save_causal_lm(pruned, out / "model")
+            artifacts.save_arrays(out, logits_test=logits)
+    return rows
+
+
+def run_redistill(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, pruned_dir: Path, out: Path
+) -> list[StageRow]:
+    """Re-distill the pruned student."""
+    student_lm = artifacts.load_causal_lm(pruned_dir / "model")
+    graph = _distill_on(student_lm, data, teacher_dir, recipe.prune.redistill, out, "re-distill")
+    logits = _test_logits(graph, data)
+    artifacts.save_causal_lm(student_lm, out / "model")
+    artifacts.save_arrays(out, logits_test=logits)
+    teacher_test = artifacts.load_array(teacher_dir, "logits_test")
+    return [evaluate("pruned + re-distilled", logits, data, teacher_test, student_lm)]

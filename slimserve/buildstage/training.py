@@ -1,0 +1,93 @@
+"""The two trainings of the build: the teacher's yes/no fine-tuning and the student's distillation."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..compression.batches import batch_indices, iterate_padded
+from ..compression.losses import distill_loss, label_loss
+from ..compression.split_scorer import HiddenCache, SplitScorer, top_logits
+from ..compression.trainer import TrainConfig, TrainReport, train
+from ..export.scorer_graph import ScorerGraph
+from .recipe import DistillSettings
+
+log = logging.getLogger(__name__)
+
+
+def finetune_top_layers(
+    split: SplitScorer, cache: HiddenCache, labels: np.ndarray, config: TrainConfig, checkpoint: Path
+) -> TrainReport:
+    """Fit the top layers on cached bottom states with the label loss on the two label logits."""
+    split.freeze_bottom()
+    targets = torch.from_numpy(labels)
+    lengths = cache.lengths()
+
+    def plan(epoch: int) -> list[np.ndarray]:
+        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+
+    def loss_fn(indices: np.ndarray) -> torch.Tensor:
+        hidden, mask = cache.batch(indices)
+        return label_loss(split.top_label_logits(hidden, mask), targets[indices])
+
+    split.graph.train()
+    try:
+        return train(
+            split.trainable_parameters(), plan, loss_fn, config, checkpoint, desc="teacher fine-tune"
+        )
+    finally:
+        split.graph.eval()
+
+
+def teacher_split(graph: ScorerGraph, train_top_layers: int) -> SplitScorer:
+    """Cut a teacher so that ``train_top_layers`` layers are trained (all of them for small models)."""
+    layers = len(graph.body.layers)
+    return SplitScorer(graph, max(0, layers - train_top_layers))
+
+
+def cached_logits(split: SplitScorer, caches: dict[str, HiddenCache]) -> dict[str, np.ndarray]:
+    """(yes, no) logits of every cached split through the (current) top layers."""
+    return {name: top_logits(split, cache) for name, cache in caches.items()}
+
+
+def distill(
+    student: ScorerGraph,
+    sequences: list[list[int]],
+    teacher_logits: np.ndarray,
+    labels: np.ndarray,
+    settings: DistillSettings,
+    checkpoint: Path,
+    desc: str,
+) -> TrainReport:
+    """Train the whole student on the teacher's 2-way distribution (and labels where known)."""
+    config = settings.train
+    teacher = torch.from_numpy(teacher_logits)
+    targets = torch.from_numpy(labels)
+    lengths = [len(s) for s in sequences]
+    for parameter in student.parameters():
+        parameter.requires_grad_(True)
+    # Embeddings stay frozen: with tied weights they hold the LM head's label rows, which must keep
+    # matching label_head (the exported model rebuilds it from the saved LM head).
+    student.body.embed_tokens.requires_grad_(False)
+    student.label_head.requires_grad_(False)
+
+    def plan(epoch: int) -> list[np.ndarray]:
+        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+
+    def loss_fn(indices: np.ndarray) -> torch.Tensor:
+        [(_, ids, mask)] = list(iterate_padded(sequences, [indices]))
+        logits = student.label_logits(ids, mask)
+        return distill_loss(
+            logits, teacher[indices], settings.temperature, targets[indices], settings.label_weight
+        )
+
+    student.train()
+    try:
+        return train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
+    finally:
+        student.eval()
+        for parameter in student.parameters():
+            parameter.requires_grad_(False)

@@ -1,0 +1,144 @@
+"""A small, resumable training loop: AdamW, warmup + linear decay, gradient accumulation, checkpoints.
+
+Batches are planned up front from a seed (``plan(epoch)`` returns the epoch's micro-batches), so a run
+resumed from a checkpoint continues with exactly the batches it had not done yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+
+class TrainConfig(BaseModel):
+    """Optimization settings of one training stage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: float = Field(1.0, gt=0, description="Passes over the data (fractions allowed)")
+    batch_size: int = Field(8, ge=1, description="Examples per micro-batch")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step")
+    lr: float = Field(2e-5, gt=0, description="Peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Share of steps with linear warmup")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
+    checkpoint_every: int = Field(50, ge=1, description="Optimizer steps between checkpoints")
+    seed: int = Field(0, description="Seed of the batch order")
+
+
+@dataclass
+class TrainReport:
+    """What a training run did."""
+
+    steps: int = 0
+    micro_batches: int = 0
+    seconds: float = 0.0
+    resumed_from_step: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        tail = self.losses[-20:]
+        return {
+            "steps": self.steps,
+            "micro_batches": self.micro_batches,
+            "seconds": round(self.seconds, 1),
+            "resumed_from_step": self.resumed_from_step,
+            "final_loss": sum(tail) / len(tail) if tail else None,
+        }
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return (step + 1) / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+def train(
+    parameters: Sequence[torch.nn.Parameter],
+    plan: Callable[[int], list],
+    loss_fn: Callable[[object], torch.Tensor],
+    config: TrainConfig,
+    checkpoint: Path | None = None,
+    desc: str = "train",
+) -> TrainReport:
+    """Run ``loss_fn`` over the planned micro-batches and optimize ``parameters``.
+
+    ``plan(epoch)`` returns that epoch's micro-batch payloads (deterministic); ``loss_fn(payload)``
+    returns a scalar loss. With ``checkpoint``, state is saved every ``checkpoint_every`` steps and a
+    later call resumes from it; the file is removed when training completes.
+    """
+    parameters = [p for p in parameters if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    whole_epochs = int(config.epochs) + (1 if config.epochs % 1 else 0)
+    batches = []
+    for epoch in range(whole_epochs):
+        epoch_batches = plan(epoch)
+        if epoch == whole_epochs - 1 and config.epochs % 1:
+            epoch_batches = epoch_batches[: max(1, int(len(epoch_batches) * (config.epochs % 1)))]
+        batches.extend(epoch_batches)
+    total_steps = max(1, len(batches) // config.grad_accum)
+    warmup = int(total_steps * config.warmup_ratio)
+    report = TrainReport()
+    start_step = 0
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        for parameter, value in zip(parameters, state["parameters"], strict=True):
+            parameter.data.copy_(value)
+        optimizer.load_state_dict(state["optimizer"])
+        start_step = report.resumed_from_step = state["step"]
+        report.losses = state["losses"]
+        log.info("%s: resuming from step %d of %d (%s)", desc, start_step, total_steps, checkpoint)
+    started = time.perf_counter()
+    step = start_step
+    with tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True) as bar:
+        for step in range(start_step, total_steps):
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * _schedule(step, total_steps, warmup)
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for micro in batches[step * config.grad_accum : (step + 1) * config.grad_accum]:
+                loss = loss_fn(micro) / config.grad_accum
+                loss.backward()
+                step_loss += float(loss)
+                report.micro_batches += 1
+            torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm)
+            optimizer.step()
+            report.losses.append(step_loss)
+            bar.set_postfix(loss=f"{step_loss:.4f}")
+            bar.update(1)
+            if (
+                checkpoint is not None
+                and (step + 1) % config.checkpoint_every == 0
+                and step + 1 < total_steps
+            ):
+                _save(checkpoint, parameters, optimizer, step + 1, report.losses)
+    report.steps = total_steps
+    report.seconds = time.perf_counter() - started
+    if checkpoint is not None and checkpoint.exists():
+        checkpoint.unlink()
+    return report
+
+
+def _save(path: Path, parameters, optimizer, step: int, losses: list[float]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "parameters": [p.detach().clone() for p in parameters],
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "losses": losses,
+        },
+        tmp,
+    )
+    os.replace(tmp, path)

@@ -1,0 +1,112 @@
+"""``slimserve build`` on the tiny recipe: every stage, resume, gates, and the published INT8 student served."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from slimserve.buildstage.recipe import load_recipe
+from slimserve.buildstage.runner import STAGES, run_build
+from slimserve.bundle import bundle_dir_for, load_bundle
+from slimserve.errors import BuildError
+from slimserve.export.repository import list_versions
+
+EXPECTED_STAGES = [
+    "teacher",
+    "teacher fine-tuned",
+    "student distilled",
+    "pruned (osscar)",
+    "pruned (magnitude)",
+    "pruned + re-distilled",
+]
+
+
+def tiny_recipe(tmp_path, **updates):
+    recipe = load_recipe("tiny")
+    publish = recipe.publish.model_copy(update={"model_repository": tmp_path / "repo"})
+    return recipe.model_copy(update={"work_dir": tmp_path / "work", "publish": publish, **updates})
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("build")
+    recipe = tiny_recipe(tmp)
+    return recipe, run_build(recipe)
+
+
+def test_every_stage_runs_and_the_int8_student_is_published(built):
+    recipe, result = built
+    stages = [row.stage for row in result.rows]
+    assert stages[:-1] == EXPECTED_STAGES and stages[-1].startswith("INT8 (")
+    for row in result.rows:
+        assert 0.0 <= row.test_auc <= 1.0 and row.log_loss > 0
+    int8 = result.rows[-1]
+    assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
+    assert result.rows[1].items_per_s_batch32 > 0  # the teacher's FP32 graph was measured too
+    student = result.rows[-2]
+    assert 0 < student.non_embedding_parameters < result.rows[1].non_embedding_parameters
+    assert result.bayes_optimal_auc is not None and 0.5 < result.bayes_optimal_auc < 1.0
+
+    work = recipe.resolved_work_dir()
+    for stage in STAGES[1:-1]:
+        assert (work / stage / "config.json").is_file() and (work / stage / "done.json").is_file()
+    report = json.loads((work / "report.json").read_text())
+    assert [s["stage"] for s in report["stages"]] == stages
+    bundle = load_bundle(bundle_dir_for(recipe.publish.model_repository, "scorer"))
+    assert bundle.model_version == result.published.version == 1
+    card = (result.published.path / "MODEL_CARD.md").read_text()
+    assert "| pruned + re-distilled |" in card and "slimserve build" in card
+
+
+def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog):
+    recipe, first = built
+    work = recipe.resolved_work_dir()
+    (work / "redistill" / "done.json").unlink()  # as if the build died during re-distillation
+    (work / "int8" / "done.json").unlink()
+    with caplog.at_level("INFO"):
+        again = run_build(recipe)
+    skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
+    assert {"teacher", "distill", "prune"} <= skipped
+    assert set(again.seconds) >= {"redistill", "int8"} and "teacher" not in again.seconds
+    assert [r.stage for r in again.rows] == [r.stage for r in first.rows]
+    assert again.rows[2].test_auc == pytest.approx(first.rows[2].test_auc)
+    assert again.published.version == 2
+
+
+def test_gate_above_what_was_reached_fails_and_publishes_nothing(built, tmp_path):
+    recipe, _ = built
+    gates = recipe.gates.model_copy(update={"distilled": 1.5})
+    publish = recipe.publish.model_copy(update={"model_repository": tmp_path / "other_repo"})
+    strict = recipe.model_copy(update={"gates": gates, "publish": publish})
+    with pytest.raises(
+        BuildError, match=r"quality gate failed at stage 'student distilled'.*nothing was published"
+    ):
+        run_build(strict)
+    assert not (tmp_path / "other_repo").exists() or list_versions(tmp_path / "other_repo", "scorer") == []
+
+
+async def test_the_published_student_is_served(built):
+    from slimserve.client import build_request
+    from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+    from slimserve.serving.server import ScoringServer
+    from slimserve.v1 import scoring_pb2_grpc
+    from tests.conftest import start_triton
+    from tests.test_e2e_scoring import service_config
+
+    recipe, _ = built
+    repository = recipe.publish.model_repository
+    triton = start_triton(repository)
+    server = ScoringServer(service_config(repository, triton.grpc_url))
+    try:
+        await server.start()
+        assert await server.core.watcher.wait_until_ready(timeout=30)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = scoring_pb2_grpc.ScoringServiceStub(channel)
+            response = await stub.Score(build_request(EXAMPLE_MEMBER, example_candidates(5)), timeout=30)
+        assert len(response.items) == 5
+        assert "student" in load_bundle(bundle_dir_for(repository, "scorer")).source_model
+    finally:
+        await server.stop(grace=1)
+        triton.stop()

@@ -1,0 +1,293 @@
+"""The dataset: loader errors name file, line and field; the generator is reproducible and calibrated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from slimserve.data import vocab
+from slimserve.data.cli import add_data_commands
+from slimserve.data.records import (
+    DATA_FILES,
+    DataError,
+    Dataset,
+    Interaction,
+    load_dataset,
+    load_manifest,
+    write_dataset,
+)
+from slimserve.data.splits import assign_members, bayes_optimal_auc, split_dataset
+from slimserve.data.synth import SynthConfig, oracle_probabilities, synthesize, write_synthetic
+from slimserve.errors import UserError
+from slimserve.evaluation.metrics import auc
+from slimserve.schema import ActivityKind
+
+SMALL = SynthConfig(seed=3, members=150, items=120)
+
+
+@pytest.fixture(scope="module")
+def default_synth():
+    """The default-config dataset and manifest (generated once; about a second)."""
+    return synthesize(SynthConfig())
+
+
+@pytest.fixture
+def small_dir(tmp_path) -> Path:
+    write_synthetic(SMALL, tmp_path / "ds")
+    return tmp_path / "ds"
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+# -- generator ----------------------------------------------------------------------------------------
+def test_same_seed_same_files_and_different_seed_different(tmp_path):
+    write_synthetic(SMALL, tmp_path / "a")
+    write_synthetic(SMALL, tmp_path / "b")
+    write_synthetic(SMALL.model_copy(update={"seed": 4}), tmp_path / "c")
+    assert set(_files(tmp_path / "a")) == {*DATA_FILES, "manifest.json"}
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+    differing = [n for n, data in _files(tmp_path / "a").items() if _files(tmp_path / "c")[n] != data]
+    assert set(differing) == {*DATA_FILES, "manifest.json"}
+
+
+def test_tiny_catalogues_terminate():
+    dataset, manifest = synthesize(SynthConfig(members=5, items=30, relevant_fraction=1.0, history_len=4))
+    assert len(dataset.interactions) == 5 * 8
+    assert manifest["counts"]["items"] == 30
+
+
+def test_config_rejects_unknown_keys_and_documents_every_field():
+    with pytest.raises(ValueError, match="extra"):
+        SynthConfig(memberz=3)
+    assert all(info.description for info in SynthConfig.model_fields.values())
+
+
+def test_write_then_load_round_trips(small_dir):
+    dataset, _ = synthesize(SMALL)
+    loaded = load_dataset(small_dir)
+    assert loaded.members == dataset.members
+    assert loaded.items == dataset.items
+    assert loaded.interactions == dataset.interactions
+    assert all(len(m.history) == SMALL.history_len for m in loaded.members.values())
+
+
+def test_default_positive_rate_and_bayes_auc(default_synth):
+    _, manifest = default_synth
+    assert 0.25 <= manifest["positive_rate"] <= 0.40
+    for name in ("train", "validation", "test"):
+        assert 0.8 <= bayes_optimal_auc(manifest, name) <= 0.95
+
+
+def test_bayes_auc_recomputes_from_the_oracle(small_dir):
+    dataset, manifest = load_dataset(small_dir), load_manifest(small_dir)
+    splits = split_dataset(dataset, manifest["split"]["seed"], tuple(manifest["split"]["fractions"]))
+    for name in ("train", "validation", "test"):
+        examples = splits.by_name(name)
+        recomputed = auc([e.label for e in examples], oracle_probabilities(examples, manifest))
+        assert recomputed == pytest.approx(bayes_optimal_auc(manifest, name), abs=1e-6)
+
+
+def test_bayes_auc_without_manifest_is_a_user_error():
+    with pytest.raises(UserError, match="no Bayes-optimal AUC"):
+        bayes_optimal_auc(None, "test")
+
+
+def test_history_reflects_the_hidden_taste(default_synth):
+    dataset, manifest = default_synth
+    tastes = manifest["hidden"]["preferred_company_type"]
+    share = {ActivityKind.ENGAGED: [0, 0], ActivityKind.DISMISSED: [0, 0]}
+    for member in dataset.members.values():
+        for activity in member.history:
+            share[activity.kind][0] += vocab.company_type(activity.company) == tastes[member.id]
+            share[activity.kind][1] += 1
+    engaged = share[ActivityKind.ENGAGED][0] / share[ActivityKind.ENGAGED][1]
+    dismissed = share[ActivityKind.DISMISSED][0] / share[ActivityKind.DISMISSED][1]
+    chance = 1 / len(vocab.COMPANY_TYPES)
+    assert engaged > chance + 0.15
+    assert dismissed < chance
+
+
+def test_descriptions_name_the_company_type(default_synth):
+    dataset, _ = default_synth
+    for item in list(dataset.items.values())[:50]:
+        assert vocab.company_type(item.company) in item.description.lower()
+        assert item.description.count(".") == 1
+
+
+def test_prompts_stay_short_for_smollm2(default_synth):
+    from slimserve.export.teacher import TeacherError, default_tokenizer_file
+    from slimserve.prompts import render_scoring_prompt
+    from slimserve.tokenization import PromptTokenizer
+
+    try:
+        tokenizer = PromptTokenizer(default_tokenizer_file(), max_length=10_000)
+    except (TeacherError, ImportError) as exc:
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {exc}")
+    dataset, _ = default_synth
+    examples = split_dataset(dataset, seed=0, pool_factor=0).train[:1500]
+    lengths = [
+        len(ids) for ids in tokenizer.encode([render_scoring_prompt(e.member, e.item) for e in examples])
+    ]
+    assert max(lengths) < 220
+
+
+# -- splits -------------------------------------------------------------------------------------------
+def test_split_by_member_has_no_leakage_and_is_deterministic(default_synth):
+    dataset, _ = default_synth
+    splits = split_dataset(dataset, seed=11, pool_factor=0)
+    members = {name: {e.member_id for e in splits.by_name(name)} for name in ("train", "validation", "test")}
+    assert not members["train"] & members["validation"]
+    assert not members["train"] & members["test"]
+    assert not members["validation"] & members["test"]
+    total = sum(len(splits.by_name(n)) for n in ("train", "validation", "test"))
+    assert total == len(dataset.interactions)
+    assert len(members["train"]) == round(0.7 * len(dataset.members))
+    again = split_dataset(dataset, seed=11, pool_factor=0)
+    assert [(e.member_id, e.item_id) for e in again.test] == [(e.member_id, e.item_id) for e in splits.test]
+    assert assign_members(dataset.members, 11) != assign_members(dataset.members, 12)
+
+
+def test_split_rejects_bad_fractions(default_synth):
+    with pytest.raises(UserError, match="fractions"):
+        split_dataset(default_synth[0], seed=0, fractions=(0.5, 0.5, 0.5))
+
+
+def test_pool_pairs_are_unseen_train_pairs(default_synth):
+    dataset, _ = default_synth
+    splits = split_dataset(dataset, seed=5, pool_factor=1.0)
+    train_members = {e.member_id for e in splits.train}
+    seen = {(row.member_id, row.item_id) for row in dataset.interactions}
+    pairs = [(e.member_id, e.item_id) for e in splits.pool]
+    assert len(pairs) == len(splits.train) == len(set(pairs))
+    assert all(e.label is None for e in splits.pool)
+    assert {m for m, _ in pairs} <= train_members
+    assert not set(pairs) & seen
+    assert [(e.member_id, e.item_id) for e in split_dataset(dataset, seed=5).pool] == pairs
+
+
+# -- loader errors ------------------------------------------------------------------------------------
+def _set_line(path: Path, number: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit(path: Path, number: int, **changes) -> None:
+    record = json.loads(path.read_text().splitlines()[number - 1])
+    record.update(changes)
+    _set_line(path, number, json.dumps(record))
+
+
+def _history_kind(path: Path, number: int, kind: str) -> None:
+    record = json.loads(path.read_text().splitlines()[number - 1])
+    record["history"][0]["kind"] = kind
+    _set_line(path, number, json.dumps(record))
+
+
+BAD_ROWS = [
+    (
+        "interactions.jsonl",
+        lambda p: _edit(p, 17, label=2),
+        "interactions.jsonl:17: label: expected 0 or 1, got 2",
+    ),
+    ("interactions.jsonl", lambda p: _edit(p, 4, label=True), "interactions.jsonl:4: label: expected 0 or 1"),
+    ("interactions.jsonl", lambda p: _edit(p, 2, timestamp=1.5), "interactions.jsonl:2: timestamp: expected"),
+    (
+        "interactions.jsonl",
+        lambda p: _edit(p, 3, member_id="m-x"),
+        "interactions.jsonl:3: member_id: unknown member",
+    ),
+    (
+        "interactions.jsonl",
+        lambda p: _edit(p, 6, item_id="nope"),
+        "interactions.jsonl:6: item_id: unknown item",
+    ),
+    ("interactions.jsonl", lambda p: _edit(p, 8, clicks=1), "interactions.jsonl:8: clicks: unknown field"),
+    (
+        "members.jsonl",
+        lambda p: _history_kind(p, 3, "maybe"),
+        "members.jsonl:3: member.history[0].kind: 'maybe'",
+    ),
+    ("members.jsonl", lambda p: _edit(p, 2, seniority="guru"), "members.jsonl:2: member.seniority: 'guru'"),
+    (
+        "members.jsonl",
+        lambda p: _edit(p, 4, id="m-000"),
+        "members.jsonl:4: id: duplicate 'm-000' (first on line 1)",
+    ),
+    ("items.jsonl", lambda p: _set_line(p, 5, '{"id": "job-x",'), "items.jsonl:5: not valid JSON: "),
+    ("items.jsonl", lambda p: _edit(p, 7, salary=3), "items.jsonl:7: item.salary: unknown field"),
+    (
+        "items.jsonl",
+        lambda p: _edit(p, 9, required_skills="go"),
+        "items.jsonl:9: item.required_skills: expected",
+    ),
+    ("items.jsonl", lambda p: p.unlink(), "items.jsonl: missing"),
+]
+
+
+@pytest.mark.parametrize(("name", "corrupt", "message"), BAD_ROWS, ids=[m for _, _, m in BAD_ROWS])
+def test_malformed_rows_name_file_line_and_field(small_dir, name, corrupt, message):
+    corrupt(small_dir / name)
+    with pytest.raises(DataError) as caught:
+        load_dataset(small_dir)
+    assert message in str(caught.value)
+
+
+def test_blank_lines_are_skipped_and_line_numbers_kept(small_dir):
+    path = small_dir / "interactions.jsonl"
+    path.write_text("\n" + path.read_text())
+    load_dataset(small_dir)
+    _edit(path, 3, label=-1)
+    with pytest.raises(DataError, match=r"interactions.jsonl:3: label"):
+        load_dataset(small_dir)
+
+
+def test_write_replaces_a_dataset_but_not_other_directories(tmp_path, small_dir):
+    tiny = Dataset(interactions=[])
+    write_dataset(tiny, small_dir)
+    assert load_dataset(small_dir).members == {}
+    assert load_manifest(small_dir) is None
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(DataError, match="not a dataset directory"):
+        write_dataset(tiny, other)
+    assert (other / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "notes"]
+
+
+def test_interaction_is_plain_data():
+    row = Interaction("m-1", "job-1", 1, 5)
+    assert (row.member_id, row.item_id, row.label, row.timestamp) == ("m-1", "job-1", 1, 5)
+
+
+# -- commands -----------------------------------------------------------------------------------------
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slimserve")
+    add_data_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_synth_and_check_commands(tmp_path, capsys):
+    out = tmp_path / "ds"
+    args = _parse(["data", "synth", "--out", str(out), "--members", "100", "--items", "80", "--seed", "2"])
+    assert args.handler(args) == 0
+    printed = capsys.readouterr().out
+    assert "100 members, 80 items, 800 interactions" in printed
+    assert "test" in printed and "bayes AUC" in printed
+    assert load_manifest(out)["config"]["seed"] == 2
+    args = _parse(["data", "check", str(out)])
+    assert args.handler(args) == 0
+    assert "ok: 100 members" in capsys.readouterr().out
+
+
+def test_check_command_raises_a_user_error_for_a_bad_file(small_dir):
+    _edit(small_dir / "interactions.jsonl", 17, label=2)
+    args = _parse(["data", "check", str(small_dir)])
+    with pytest.raises(UserError, match=r"interactions.jsonl:17: label: expected 0 or 1, got 2"):
+        args.handler(args)
