@@ -116,12 +116,22 @@ async def test_dynamic_batching_merges_concurrent_score_calls(stub, tiny_triton)
         candidates = example_candidates(2)
         calls = [stub.Score(build_request(EXAMPLE_MEMBER, candidates), timeout=60) for _ in range(64)]
         responses = await asyncio.gather(*calls)
-        after = await client.model_statistics()
+        after = await settled_statistics(client, before.inference_count + 128)
     assert all(len(r.items) == 2 for r in responses)
     inferences = after.inference_count - before.inference_count
     executions = after.execution_count - before.execution_count
     assert inferences == 128  # 64 calls x 2 candidates, one Triton request each
     assert executions < inferences, f"{executions} executions for {inferences} inferences: no batching"
+
+
+async def settled_statistics(client, inference_count: int, timeout_s: float = 10.0):
+    """Triton updates its statistics just after sending responses: poll until they include ours."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        stats = await client.model_statistics()
+        if stats.inference_count >= inference_count or asyncio.get_running_loop().time() > deadline:
+            return stats
+        await asyncio.sleep(0.05)
 
 
 def _bad_requests():
