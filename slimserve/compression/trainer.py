@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,7 +101,15 @@ def train(
         log.info("%s: resuming from step %d of %d (%s)", desc, start_step, total_steps, checkpoint)
     started = time.perf_counter()
     step = start_step
-    with tqdm(total=total_steps, initial=start_step, desc=desc, unit="step", dynamic_ncols=True) as bar:
+    interval = 0.2 if sys.stderr.isatty() else 30.0  # a log file gets a line every 30 s, with the ETA
+    with tqdm(
+        total=total_steps,
+        initial=start_step,
+        desc=desc,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=interval,
+    ) as bar:
         for step in range(start_step, total_steps):
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _schedule(step, total_steps, warmup)
@@ -109,7 +118,7 @@ def train(
             for micro in batches[step * config.grad_accum : (step + 1) * config.grad_accum]:
                 loss = loss_fn(micro) / config.grad_accum
                 loss.backward()
-                step_loss += float(loss)
+                step_loss += float(loss.detach())
                 report.micro_batches += 1
             torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm)
             optimizer.step()
