@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compression.trainer import progress_bar
 from ..evaluation.report import StageRow, quality_row
 from ..export.scorer_graph import ScorerGraph
 from . import artifacts
@@ -49,13 +50,8 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     caches = {}
     for name in ("train", "validation", "test", "pool"):
         if data.sequences[name]:
-            log.info(
-                "teacher: caching %d bottom layers for %d %s prompts",
-                split.cut,
-                len(data.sequences[name]),
-                name,
-            )
-            caches[name] = HiddenCache(split, data.sequences[name])
+            with progress_bar(len(data.sequences[name]), f"teacher layers 1-{split.cut}, {name}") as bar:
+                caches[name] = HiddenCache(split, data.sequences[name], progress=bar.update)
     base = cached_logits(split, {"test": caches["test"]})["test"]
     rows = [evaluate("teacher", base, data, None, loaded_model)]
     if settings.finetune:
@@ -89,7 +85,8 @@ def _distill_on(
 def _test_logits(graph: ScorerGraph, data: BuildData) -> np.ndarray:
     from ..compression.split_scorer import graph_logits
 
-    return graph_logits(graph, data.sequences["test"])
+    with progress_bar(len(data.sequences["test"]), "evaluate on test") as bar:
+        return graph_logits(graph, data.sequences["test"], progress=bar.update)
 
 
 def _prune(model, data: BuildData, recipe: Recipe, **sizes):

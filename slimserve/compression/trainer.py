@@ -58,6 +58,12 @@ class TrainReport:
         }
 
 
+def progress_bar(total: int, desc: str, unit: str = "prompt") -> tqdm:
+    """A progress bar with an ETA; a line every 30 s when the output is not a terminal (a log file)."""
+    interval = 0.2 if sys.stderr.isatty() else 30.0
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=interval)
+
+
 def _schedule(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / max(1, warmup)
@@ -101,15 +107,8 @@ def train(
         log.info("%s: resuming from step %d of %d (%s)", desc, start_step, total_steps, checkpoint)
     started = time.perf_counter()
     step = start_step
-    interval = 0.2 if sys.stderr.isatty() else 30.0  # a log file gets a line every 30 s, with the ETA
-    with tqdm(
-        total=total_steps,
-        initial=start_step,
-        desc=desc,
-        unit="step",
-        dynamic_ncols=True,
-        mininterval=interval,
-    ) as bar:
+    with progress_bar(total_steps, desc, unit="step") as bar:
+        bar.update(start_step)
         for step in range(start_step, total_steps):
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _schedule(step, total_steps, warmup)
