@@ -160,7 +160,12 @@ def _add_up(sub) -> None:
     parser = sub.add_parser(
         "up", help="export if needed, start Triton and the scoring service, answer a sample request, serve"
     )
-    parser.add_argument("--teacher", default="default", help="'default', 'tiny' or a HF model directory")
+    parser.add_argument(
+        "--recipe", help="when nothing is published: build this recipe (tiny, cpu, gpu or a YAML file)"
+    )
+    parser.add_argument(
+        "--teacher", default="default", help="without --recipe: export this teacher as the scorer"
+    )
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model-name", default="scorer")
     parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC service")
@@ -187,6 +192,7 @@ def _run_up(args: argparse.Namespace) -> int:
 
     options = UpOptions(
         teacher=args.teacher,
+        recipe=args.recipe,
         model_repository=args.model_repository,
         model_name=args.model_name,
         host=args.host,

@@ -28,6 +28,7 @@ class UpOptions:
     """What ``slimserve up`` starts and where."""
 
     teacher: str = "default"
+    recipe: str | None = None  # build this recipe when nothing is published (else: export the teacher)
     model_repository: Path = Path("model_repository")
     model_name: str = "scorer"
     host: str = "127.0.0.1"
@@ -53,6 +54,8 @@ def ensure_exported(options: UpOptions) -> Path:
         return directory
     except BundleError:
         pass
+    if options.recipe:
+        return _build(options)
     from .export.pipeline import ScorerExportConfig, export_scorer
 
     log.info(
@@ -67,6 +70,27 @@ def ensure_exported(options: UpOptions) -> Path:
     result = export_scorer(config, command=f"slimserve export --teacher {options.teacher}")
     log.info("exported version %d in %.0f s", result.version, sum(result.seconds.values()))
     return bundle_dir_for(options.model_repository, options.model_name, result.version)
+
+
+def _build(options: UpOptions) -> Path:
+    from .buildstage.recipe import load_recipe
+    from .buildstage.runner import run_build
+
+    recipe = load_recipe(options.recipe)
+    publish = recipe.publish.model_copy(
+        update={"model_repository": options.model_repository, "model_name": options.model_name}
+    )
+    log.info(
+        "no published %r in %s: building recipe %r",
+        options.model_name,
+        options.model_repository,
+        options.recipe,
+    )
+    result = run_build(
+        recipe.model_copy(update={"publish": publish}), command=f"slimserve build --recipe {options.recipe}"
+    )
+    print(f"\nBuild (recipe {recipe.name}):\n{result.table()}\n")  # noqa: T201
+    return bundle_dir_for(options.model_repository, options.model_name, result.published.version)
 
 
 def _start_triton(options: UpOptions):
