@@ -15,6 +15,7 @@ from slimserve.compression.quantize import (
     calibration_batches,
     quantize_scorer_dynamic,
     quantize_scorer_static,
+    quantize_scorer_weight_only,
 )
 from slimserve.errors import BuildError
 from slimserve.evaluation.metrics import spearman
@@ -43,7 +44,8 @@ def int8_graphs(scorer, tmp_path_factory):
         graph, out / "static.onnx", calibration_batches(sequences[:16], buckets, batch_size=8)
     )
     dynamic = quantize_scorer_dynamic(graph, out / "dynamic.onnx")
-    return {"static": static, "dynamic": dynamic}
+    weight_only = quantize_scorer_weight_only(graph, out / "weight-only.onnx", block_size=32)
+    return {"static": static, "dynamic": dynamic, "weight-only": weight_only}
 
 
 def _scores(path: Path, sequences, buckets) -> np.ndarray:
@@ -90,6 +92,17 @@ def test_int8_graph_keeps_the_serving_contract(scorer, int8_graphs, method):
     assert quantized == 6 * layers and still_float == layers
 
 
+def test_weight_only_graph_keeps_the_serving_contract_with_int8_blocks(scorer, int8_graphs):
+    graph, _, _ = scorer
+    result = int8_graphs["weight-only"]
+    assert result.method == "weight-only" and onnx_io_specs(result.path) == onnx_io_specs(graph)
+    nodes = onnx.load(str(result.path)).graph.node
+    blocks = [n for n in nodes if n.op_type == "MatMulNBits"]
+    assert blocks and all(next(a.i for a in n.attribute if a.name == "bits") == 8 for n in blocks)
+    with pytest.raises(BuildError, match="block_size"):
+        quantize_scorer_weight_only(graph, result.path.with_name("x.onnx"), block_size=24)
+
+
 def test_static_graph_keeps_attention_and_label_head_in_float(int8_graphs):
     graph = onnx.load(str(int8_graphs["static"].path)).graph
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
@@ -99,7 +112,7 @@ def test_static_graph_keeps_attention_and_label_head_in_float(int8_graphs):
     assert head.op_type == "Gemm"
 
 
-@pytest.mark.parametrize("method", ["static", "dynamic"])
+@pytest.mark.parametrize("method", ["static", "dynamic", "weight-only"])
 def test_int8_graph_ranks_real_prompts_like_fp32(scorer, int8_graphs, method):
     graph, sequences, buckets = scorer
     reference = _scores(graph, sequences, buckets)

@@ -69,7 +69,12 @@ def run_int8(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
 ):
     """Quantize the final student; returns (int8 row, chosen INT8 graph). Adds speed to earlier rows."""
-    from ..compression.quantize import calibration_batches, quantize_scorer_dynamic, quantize_scorer_static
+    from ..compression.quantize import (
+        calibration_batches,
+        quantize_scorer_dynamic,
+        quantize_scorer_static,
+        quantize_scorer_weight_only,
+    )
 
     buckets = recipe.publish.length_buckets
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
@@ -83,16 +88,19 @@ def run_int8(
     _speed(by_stage["pruned + re-distilled"], fp32, data, recipe)
 
     teacher_auc = by_stage["teacher fine-tuned"].test_auc
-    methods = ["static", "dynamic"] if recipe.quantize.method == "auto" else [recipe.quantize.method]
+    settings = recipe.quantize
+    methods = ["static", "weight-only", "dynamic"] if settings.method == "auto" else [settings.method]
     candidates = []
     for method in methods:
         target = out / f"int8_{method}" / "model.onnx"
         target.parent.mkdir(parents=True, exist_ok=True)
         if method == "static":
             calibration = calibration_batches(data.calibration(recipe.data.calibration_examples), buckets)
-            quantize_scorer_static(fp32, target, calibration, per_channel=recipe.quantize.per_channel)
+            quantize_scorer_static(fp32, target, calibration, per_channel=settings.per_channel)
+        elif method == "weight-only":
+            quantize_scorer_weight_only(fp32, target, block_size=settings.block_size)
         else:
-            quantize_scorer_dynamic(fp32, target, per_channel=recipe.quantize.per_channel)
+            quantize_scorer_dynamic(fp32, target, per_channel=settings.per_channel)
         margin = onnx_logits_margin(target, data.sequences["test"], buckets)
         row = evaluate(f"INT8 ({method})", _as_logits(margin), data, teacher_test)
         row.parameters, row.embedding_parameters = artifacts.parameter_counts(student_lm)

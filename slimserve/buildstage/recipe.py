@@ -72,10 +72,12 @@ class PruneSettings(_Strict):
 class QuantizeSettings(_Strict):
     """INT8 for the CPU target."""
 
-    method: Literal["static", "dynamic", "auto"] = Field(
-        "auto", description="auto: static QDQ, falling back to dynamic if static misses the gate"
+    method: Literal["static", "weight-only", "dynamic", "auto"] = Field(
+        "auto",
+        description="auto: static QDQ; if it misses the INT8 gate, block-wise weight-only; then dynamic",
     )
-    per_channel: bool = Field(True, description="Per-channel weight scales")
+    per_channel: bool = Field(True, description="Per-channel weight scales (static, dynamic)")
+    block_size: int = Field(32, ge=16, description="Weight-only: inputs per scale")
 
 
 class GateSettings(_Strict):

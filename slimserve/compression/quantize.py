@@ -305,3 +305,36 @@ def quantize_scorer_dynamic(
         )
 
     return _run_quantizer(onnx_in, onnx_out, "dynamic", run)
+
+
+def quantize_scorer_weight_only(
+    onnx_in: Path,
+    onnx_out: Path,
+    *,
+    block_size: int = 32,
+    accuracy_level: int = 4,
+) -> QuantizeResult:
+    """Block-wise INT8 weights (``MatMulNBits``, one scale per ``block_size`` inputs of a column).
+
+    Small blocks follow the weights' outliers far better than one scale per channel; activations are
+    not calibrated. ``accuracy_level`` 4 lets ONNX Runtime quantize activations to INT8 per block at run
+    time (the fast path on CPUs with VNNI); 1 computes in float32 from de-quantized weights (smaller
+    file, no speed-up). Measured on SmolLM2-135M (raw, 64 prompts): Spearman to FP32 0.92 at level 4
+    and 0.996 at level 1, against 0.60 for static and 0.43 for dynamic per-channel INT8.
+    """
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if block_size < 16 or block_size & (block_size - 1):
+        raise QuantizeError(f"block_size must be a power of two >= 16, got {block_size}")
+
+    def run(pre_processed: Path, external: bool) -> None:
+        import onnx
+
+        model = onnx.load(str(pre_processed))
+        quantizer = MatMulNBitsQuantizer(
+            model, bits=8, block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level
+        )
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(onnx_out), use_external_data_format=external)
+
+    return _run_quantizer(onnx_in, onnx_out, "weight-only", run)
