@@ -101,3 +101,18 @@ def test_trainer_resumes_exactly_after_an_interruption(tmp_path):
 def test_pad_right():
     ids, mask = pad_right([[5, 6, 7], [8]])
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_a_stage_keeps_its_checkpoint_only_for_the_same_settings(tmp_path):
+    from slimserve.buildstage import artifacts
+
+    stage = tmp_path / "distill"
+    artifacts.prepare_stage(stage, {"lr": 1})
+    (stage / "checkpoint.pt").write_text("partial")
+    artifacts.prepare_stage(stage, {"lr": 1})  # the same settings: resume
+    assert (stage / "checkpoint.pt").exists()
+    artifacts.prepare_stage(stage, {"lr": 2})  # changed upstream settings: start over
+    assert not (stage / "checkpoint.pt").exists()
+    assert not artifacts.is_done(stage, {"lr": 2})
+    artifacts.mark_done(stage, {"lr": 2})
+    assert artifacts.is_done(stage, {"lr": 2}) and not artifacts.is_done(stage, {"lr": 3})

@@ -36,6 +36,16 @@ def mark_done(stage_dir: Path, config: dict, summary: dict | None = None) -> Non
     os.replace(tmp, stage_dir / DONE_FILE)
 
 
+def prepare_stage(stage_dir: Path, config: dict) -> None:
+    """Make ``stage_dir`` ready to run: keep an unfinished run's checkpoint only when it was started with
+    the same settings (recorded in ``started.json``), else start from an empty directory."""
+    marker = stage_dir / "started.json"
+    resumable = marker.is_file() and json.loads(marker.read_text()).get("config_hash") == config_hash(config)
+    if not resumable:
+        reset(stage_dir)
+        marker.write_text(json.dumps({"config_hash": config_hash(config)}) + "\n")
+
+
 def reset(stage_dir: Path) -> None:
     """Remove a stage's previous (unfinished or outdated) output."""
     if stage_dir.exists():

@@ -104,9 +104,7 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
             return artifacts.load_rows(out)
-        if out.exists() and not (out / "checkpoint.pt").exists():
-            artifacts.reset(out)
-        out.mkdir(parents=True, exist_ok=True)
+        artifacts.prepare_stage(out, config)
         log.info("stage %s: running", stage)
         rows = fn(out)
         artifacts.save_rows(out, rows)
