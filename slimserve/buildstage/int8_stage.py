@@ -6,7 +6,6 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..evaluation.report import StageRow
 from ..export.scorer_graph import ScorerGraph
@@ -19,21 +18,12 @@ log = logging.getLogger(__name__)
 
 
 def export_graph(model_lm, data: BuildData, recipe: Recipe, path: Path) -> Path:
-    """FP32 ONNX of a causal LM's scoring graph, checked against PyTorch on test prompts."""
-    from ..errors import BuildError
-    from ..export.onnx_export import export_scorer_onnx
-    from ..export.parity import check_scorer_parity
-    from ..tokenization import bucket_for, pad_batch
+    """FP32 ONNX of a causal LM's scoring graph, checked against PyTorch on 32 test prompts."""
+    from ..export.pipeline import export_checked_onnx
 
     graph = ScorerGraph(model_lm, *_label_ids(data)).eval()
-    buckets = recipe.publish.length_buckets
-    sample = data.sequences["test"][:2]
-    ids, mask = pad_batch(sample, bucket_for(max(map(len, sample)), buckets))
     path.parent.mkdir(parents=True, exist_ok=True)
-    files = export_scorer_onnx(graph, path, torch.from_numpy(ids), torch.from_numpy(mask))
-    parity = check_scorer_parity(graph, files[0], data.sequences["test"][:32], buckets)
-    if not parity.passed:
-        raise BuildError(f"ONNX parity failed for {path}: {parity.as_dict()}")
+    files, _ = export_checked_onnx(graph, path, data.sequences["test"][:32], recipe.publish.length_buckets)
     return files[0]
 
 

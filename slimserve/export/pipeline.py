@@ -107,10 +107,43 @@ def build_scorer_bundle(
     )
 
 
-def export_scorer(config: ScorerExportConfig, command: str | None = None) -> ExportResult:
-    """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
+def export_checked_onnx(
+    graph,
+    path: Path,
+    sequences: list[list[int]],
+    buckets: tuple[int, ...],
+    *,
+    opset: int = 18,
+    atol: float = 1e-3,
+    rtol: float = 1e-4,
+    seconds: dict[str, float] | None = None,
+) -> tuple[list[Path], ParityReport]:
+    """Export a scoring graph to ONNX and check it against PyTorch on ``sequences`` (padded to their
+    buckets); raise ``ExportError`` when parity breaks. Returns the files written and the report."""
     import torch
 
+    seconds = {} if seconds is None else seconds
+    sample = sequences[:2]
+    sample_ids, sample_mask = pad_batch(sample, bucket_for(max(map(len, sample)), buckets))
+    started = time.perf_counter()
+    files = export_scorer_onnx(
+        graph, path, torch.from_numpy(sample_ids), torch.from_numpy(sample_mask), opset=opset
+    )
+    seconds["onnx_export"] = time.perf_counter() - started
+    started = time.perf_counter()
+    parity = check_scorer_parity(graph, files[0], sequences, buckets, atol, rtol)
+    seconds["parity"] = time.perf_counter() - started
+    log.info("parity: %s", parity.as_dict())
+    if not parity.passed:
+        raise ExportError(
+            f"ONNX parity failed on {parity.prompts} prompts: max abs diff {parity.max_abs_diff:.3g} "
+            f"(tolerance {parity.tolerance:.3g}), {parity.swapped_pairs} ranking pairs swapped; nothing published"
+        )
+    return files, parity
+
+
+def export_scorer(config: ScorerExportConfig, command: str | None = None) -> ExportResult:
+    """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
     from .repository import publish_version
     from .scorer_graph import ScorerGraph
     from .scorer_model import scorer_model_files, scorer_triton_spec
@@ -127,7 +160,6 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     bundle = build_scorer_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
     graph = ScorerGraph(loaded.model, bundle.yes_token_id, bundle.no_token_id).eval()
     sequences = tokenizer.encode(parity_prompts(config.parity_prompts))
-    sample_ids, sample_mask = pad_batch(sequences[:2], bucket_for(max(map(len, sequences[:2])), buckets))
 
     spec = scorer_triton_spec(
         name=config.model_name,
@@ -141,29 +173,17 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
         parameters={"source_model": loaded.name},
     )
     with tempfile.TemporaryDirectory(dir=cache_dir("export")) as tmp:
-        started = time.perf_counter()
-        onnx_files = export_scorer_onnx(
+        onnx_files, parity = export_checked_onnx(
             graph,
             Path(tmp) / "model.onnx",
-            torch.from_numpy(sample_ids),
-            torch.from_numpy(sample_mask),
-            bundle.tensors,
-            config.opset,
+            sequences,
+            buckets,
+            opset=config.opset,
+            atol=config.parity_atol,
+            rtol=config.parity_rtol,
+            seconds=seconds,
         )
-        seconds["onnx_export"] = time.perf_counter() - started
         check_against_onnx(spec, onnx_files[0], extra_outputs=(bundle.tensors.compute_ms,))
-
-        started = time.perf_counter()
-        parity = check_scorer_parity(
-            graph, onnx_files[0], sequences, buckets, config.parity_atol, config.parity_rtol
-        )
-        seconds["parity"] = time.perf_counter() - started
-        log.info("parity: %s", parity.as_dict())
-        if not parity.passed:
-            raise ExportError(
-                f"ONNX parity failed on {parity.prompts} prompts: max abs diff {parity.max_abs_diff:.3g} "
-                f"(tolerance {parity.tolerance:.3g}), {parity.swapped_pairs} ranking pairs swapped; nothing published"
-            )
         card = scorer_model_card(
             bundle,
             parameters=sum(p.numel() for p in loaded.model.parameters()),
