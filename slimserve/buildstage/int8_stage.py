@@ -12,7 +12,7 @@ from ..export.scorer_graph import ScorerGraph
 from . import artifacts
 from .context import BuildData
 from .recipe import Recipe
-from .stages import _label_ids, evaluate
+from .stages import evaluate_scores, label_ids
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def export_graph(model_lm, data: BuildData, recipe: Recipe, path: Path) -> Path:
     """FP32 ONNX of a causal LM's scoring graph, checked against PyTorch on 32 test prompts."""
     from ..export.pipeline import export_checked_onnx
 
-    graph = ScorerGraph(model_lm, *_label_ids(data)).eval()
+    graph = ScorerGraph(model_lm, *label_ids(data)).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     files, _ = export_checked_onnx(graph, path, data.sequences["test"][:32], recipe.publish.length_buckets)
     return files[0]
@@ -37,10 +37,6 @@ def onnx_logits_margin(onnx_path: Path, sequences: list[list[int]], buckets) -> 
     for chunk, ids, mask in padded_batches(sequences, buckets, batch_size=32):
         out[chunk] = session.run(None, {"input_ids": ids, "attention_mask": mask})[0].ravel()
     return out
-
-
-def _as_logits(margin: np.ndarray) -> np.ndarray:
-    return np.stack([margin, np.zeros_like(margin)], axis=1)
 
 
 def _speed(row: StageRow, onnx_path: Path, data: BuildData, recipe: Recipe) -> None:
@@ -92,7 +88,7 @@ def run_int8(
         else:
             quantize_scorer_dynamic(fp32, target, per_channel=settings.per_channel)
         margin = onnx_logits_margin(target, data.sequences["test"], buckets)
-        row = evaluate(f"INT8 ({method})", _as_logits(margin), data, teacher_test)
+        row = evaluate_scores(f"INT8 ({method})", margin, data, teacher_test)
         row.parameters, row.embedding_parameters = artifacts.parameter_counts(student_lm)
         row.retention = row.test_auc / teacher_auc
         candidates.append((row, target))

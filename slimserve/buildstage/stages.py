@@ -26,15 +26,24 @@ def margins(logits: np.ndarray) -> np.ndarray:
 def evaluate(
     stage: str, logits: np.ndarray, data: BuildData, teacher_test: np.ndarray | None, model=None
 ) -> StageRow:
-    """Test-split quality of a stage (and its parameter counts when the model is given)."""
+    """Test-split quality of a stage from its (yes, no) logits; see ``evaluate_scores``."""
+    return evaluate_scores(stage, margins(logits), data, teacher_test, model)
+
+
+def evaluate_scores(
+    stage: str, scores: np.ndarray, data: BuildData, teacher_test: np.ndarray | None, model=None
+) -> StageRow:
+    """Test-split quality of a stage's scores (and its parameter counts when the model is given);
+    ``teacher_test`` holds the teacher's (yes, no) logits on the same examples."""
     teacher = None if teacher_test is None else margins(teacher_test)
-    row = quality_row(stage, margins(logits), data.labels["test"], data.member_ids["test"], teacher)
+    row = quality_row(stage, scores, data.labels["test"], data.member_ids["test"], teacher)
     if model is not None:
         row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
     return row
 
 
-def _label_ids(data: BuildData) -> tuple[int, int]:
+def label_ids(data: BuildData) -> tuple[int, int]:
+    """Token ids of the yes and no label words."""
     from ..prompts import NO_WORD, YES_WORD
 
     return data.tokenizer.token_id(YES_WORD), data.tokenizer.token_id(NO_WORD)
@@ -45,7 +54,7 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     from ..compression.split_scorer import HiddenCache
 
     settings = recipe.teacher
-    graph = ScorerGraph(loaded_model, *_label_ids(data)).eval()
+    graph = ScorerGraph(loaded_model, *label_ids(data)).eval()
     split = teacher_split(graph, settings.train_top_layers)
     caches = {}
     for name in ("train", "validation", "test", "pool"):
@@ -69,7 +78,7 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
 def _distill_on(
     student_lm, data: BuildData, teacher_dir: Path, settings, out: Path, desc: str
 ) -> ScorerGraph:
-    graph = ScorerGraph(student_lm, *_label_ids(data)).eval()
+    graph = ScorerGraph(student_lm, *label_ids(data)).eval()
     sequences = list(data.sequences["train"])
     teacher = artifacts.load_array(teacher_dir, "logits_train")
     labels = data.labels["train"]
@@ -125,10 +134,9 @@ def run_prune(
     variants = ["osscar", "magnitude"] if settings.compare_magnitude else ["osscar"]
     for method in variants:
         student_lm = artifacts.load_causal_lm(student_dir / "model")
-        pruned, report = _prune(student_lm, data, recipe, method=method, **sizes)
-        logits = _test_logits(ScorerGraph(pruned, *_label_ids(data)).eval(), data)
+        pruned, _ = _prune(student_lm, data, recipe, method=method, **sizes)
+        logits = _test_logits(ScorerGraph(pruned, *label_ids(data)).eval(), data)
         row = evaluate(f"pruned ({method})", logits, data, teacher_test, pruned)
-        row.notes["prune"] = getattr(report, "summary", lambda: {})()
         rows.append(row)
         if method == "osscar":
             artifacts.save_causal_lm(pruned, out / "model")
