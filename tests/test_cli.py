@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -142,6 +144,24 @@ async def test_sigterm_drains_in_flight_requests(tiny_repository, tiny_triton):
     assert "draining" in output
 
 
+def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:
+    """Read the process's stdout until a line contains `marker`; fail if it exits or times out."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            assert process.poll() is None, "".join(seen)
+            continue
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"no line with {marker!r} within {timeout_s} s:\n{''.join(seen)}")
+
+
 def test_triton_command_serves_the_repository_until_ctrl_c(tiny_repository):
     import urllib.request
 
@@ -164,23 +184,14 @@ def test_triton_command_serves_the_repository_until_ctrl_c(tiny_repository):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert triton.poll() is None, triton.stdout.read()
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{ports[1]}/v2/models/scorer/ready", timeout=2
-                ) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            raise AssertionError("scorer not ready through `slimserve triton`")
+        output = _read_until(triton, "Ctrl-C to stop", timeout_s=120)
+        assert f"gRPC 127.0.0.1:{ports[0]}" in output
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/v2/models/scorer/ready", timeout=5) as r:
+            assert r.status == 200
         children = psutil.Process(triton.pid).children(recursive=True)
+        assert any("tritonserver" in c.name() for c in children)
     finally:
         triton.send_signal(signal.SIGINT)
-        output, _ = triton.communicate(timeout=60)
-    assert triton.returncode == 0, output
-    assert f"gRPC 127.0.0.1:{ports[0]}" in output
+        triton.wait(timeout=60)
+    assert triton.returncode == 0
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
