@@ -96,3 +96,35 @@ def render_scoring_prompt(member: Member, item: Item) -> str:
         f"Question: Will this member engage with this {kind}? Answer Yes or No.\n"
         f"Answer:"
     )
+
+
+# The reasoning workload: the generator explains why an item suits a member. The text is the user turn
+# of a chat wrapped by `render_chat_prompt`, so an instruction-tuned teacher sees the format it was
+# trained on.
+EXPLAIN_TEMPLATE_VERSION = "explain-v1"
+EXPLAIN_SYSTEM_PROMPT = "You are a helpful career assistant."
+END_OF_TURN = "<|im_end|>"
+
+
+def render_explain_request(member: Member, item: Item) -> str:
+    """The user message asking for a short explanation of why `item` suits `member` (or does not)."""
+    kind = _KIND_TEXT[item.kind]
+    return (
+        f"{render_member(member)}"
+        f"{render_item(item)}"
+        f"In two or three sentences, explain to this member why this {kind} does or does not suit them. "
+        f"Mention their skills, level, location and industries where they matter."
+    )
+
+
+def render_chat_prompt(user_text: str) -> str:
+    """A one-turn ChatML conversation ending with the assistant cue (SmolLM2-Instruct's chat format).
+
+    The markers are special tokens of the tokenizer, so the text tokenizes to the exact ids the model was
+    instruction-tuned on; the generator's prompts are always built here.
+    """
+    return (
+        f"<|im_start|>system\n{EXPLAIN_SYSTEM_PROMPT}<|im_end|>\n"
+        f"<|im_start|>user\n{user_text}<|im_end|>\n"
+        f"<|im_start|>assistant\n"
+    )
