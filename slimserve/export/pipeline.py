@@ -25,7 +25,6 @@ from ..prompts import NO_WORD, SCORING_TEMPLATE_VERSION, YES_WORD, render_scorin
 from ..settings import Settings
 from ..tokenization import PromptTokenizer, bucket_for, pad_batch
 from .model_card import scorer_model_card
-from .onnx_export import ExportError, export_scorer_onnx
 from .parity import ParityReport, check_scorer_parity
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,9 @@ def export_checked_onnx(
 ) -> tuple[list[Path], ParityReport]:
     """Export a scoring graph to ONNX and check it against PyTorch on ``sequences`` (padded to their
     buckets); raise ``ExportError`` when parity breaks. Returns the files written and the report."""
-    import torch
+    import torch  # here, not at module level: `slimserve serve` imports this module's config without torch
+
+    from .onnx_export import ExportError, export_scorer_onnx
 
     seconds = {} if seconds is None else seconds
     sample = sequences[:2]
