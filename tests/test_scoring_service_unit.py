@@ -28,9 +28,9 @@ from slimserve.bundle import (
     write_bundle,
 )
 from slimserve.serving.config import ScoringServiceConfig
+from slimserve.serving.convert import item_to_proto, member_to_proto
 from slimserve.serving.errors import Unavailable
 from slimserve.serving.scoring.core import SERVICE_NAME, ScoringCore, rank
-from slimserve.serving.scoring.servicer import item_to_proto, member_to_proto
 from slimserve.serving.server import ScoringServer
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
 

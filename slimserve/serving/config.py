@@ -1,4 +1,8 @@
-"""Configuration of the scoring service (``slimserve serve``): one pydantic model, every field described."""
+"""Configuration of the gRPC services: the fields every service shares, and the scoring service's own.
+
+One pydantic model per service, every field described; ``GrpcServiceConfig`` holds what the shared
+server parts read (addresses, Triton, bundle location, deadlines, drain, logging).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,8 @@ from ..settings import ConfigError, Settings, add_config_flags, config_from_args
 ServiceConfig = Settings
 
 
-class ScoringServiceConfig(ServiceConfig):
-    """Configuration of the scoring service (``slimserve serve``)."""
-
-    env_prefix: ClassVar[str] = "SLIMSERVE_SCORING_"
+class GrpcServiceConfig(ServiceConfig):
+    """Fields every slimserve gRPC service has; subclasses set ``env_prefix`` and their own defaults."""
 
     host: str = Field("127.0.0.1", description="Address the gRPC server binds (0.0.0.0 in a container).")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free port.")
@@ -27,21 +29,13 @@ class ScoringServiceConfig(ServiceConfig):
     model_repository: Path = Field(
         Path("model_repository"), description="Triton model repository holding the serving bundle."
     )
-    model_name: str = Field("scorer", description="Name of the scoring model in the repository.")
+    model_name: str = Field("scorer", description="Name of the model in the repository.")
     model_version: int | None = Field(
         None, ge=1, description="Model version to serve; unset serves the latest in the repository."
     )
     bundle_dir: Path | None = Field(
         None, description="Serving bundle directory; overrides model_repository/model_name/model_version."
     )
-    max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
-    max_text_chars: int = Field(2000, ge=1, description="Longest text field (characters).")
-    max_list_items: int = Field(100, ge=0, description="Most entries in a skills or industries list.")
-    max_history: int = Field(
-        10, ge=0, description="Most entries in member.history (each adds about 15 prompt tokens)."
-    )
-    max_id_chars: int = Field(256, ge=1, description="Longest member or item id (characters).")
-    triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
     default_timeout_s: float = Field(
         10.0, gt=0, description="Time budget of a request whose caller sends no deadline (seconds)."
     )
@@ -73,8 +67,31 @@ class ScoringServiceConfig(ServiceConfig):
         return bundle_dir_for(self.model_repository, self.model_name, self.model_version)
 
 
+class RecordLimitsConfig(GrpcServiceConfig):
+    """Limits on the member and item records a request carries (checked by ``serving.validation``)."""
+
+    max_text_chars: int = Field(2000, ge=1, description="Longest text field (characters).")
+    max_list_items: int = Field(100, ge=0, description="Most entries in a skills or industries list.")
+    max_history: int = Field(
+        10, ge=0, description="Most entries in member.history (each adds about 15 prompt tokens)."
+    )
+    max_id_chars: int = Field(256, ge=1, description="Longest member or item id (characters).")
+
+
+class ScoringServiceConfig(RecordLimitsConfig):
+    """Configuration of the scoring service (``slimserve serve``)."""
+
+    env_prefix: ClassVar[str] = "SLIMSERVE_SCORING_"
+
+    model_name: str = Field("scorer", description="Name of the scoring model in the repository.")
+    max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
+    triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
+
+
 __all__ = [
     "ConfigError",
+    "GrpcServiceConfig",
+    "RecordLimitsConfig",
     "ScoringServiceConfig",
     "ServiceConfig",
     "add_config_flags",

@@ -19,7 +19,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from slimserve.bundle import BUNDLE_HASH_PARAMETER
 
-from .errors import ServingError
+from .errors import FailedPrecondition, ServingError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,17 @@ class ModelHealthWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def check_serving(self, model_name: str) -> None:
+        """Refuse at once (for a core, before calling Triton) when the model is not ready or carries
+        another bundle: FAILED_PRECONDITION on a hash mismatch, else UNAVAILABLE."""
+        if self.hash_mismatch:
+            raise FailedPrecondition(
+                f"the Triton model {model_name!r} does not carry this service's serving bundle; "
+                "refusing to serve"
+            )
+        if not self.ready:
+            raise Unavailable(f"model {model_name!r} is not ready")
 
     def notify_unavailable(self) -> None:
         """A Triton call found the server unreachable: flip to not ready and re-check at once."""

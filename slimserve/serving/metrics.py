@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000)
+TOKENS_PER_SECOND_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
 
 class ServingMetrics:
-    """The metrics one service records: RPCs, Triton calls, request sizes."""
+    """The metrics every service records: RPCs and Triton calls."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -45,10 +46,42 @@ class ServingMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+
+
+class ScoringMetrics(ServingMetrics):
+    """The shared metrics plus the number of candidates per Score request."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        super().__init__(registry)
         self.candidates = Histogram(
             "slimserve_score_candidates",
             "Candidates per Score request.",
             buckets=CANDIDATE_BUCKETS,
+            registry=self.registry,
+        )
+
+
+class GenerationMetrics(ServingMetrics):
+    """The shared metrics plus time to first token, decode rate and tokens by finish reason."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        super().__init__(registry)
+        self.time_to_first_token = Histogram(
+            "slimserve_generation_time_to_first_token_seconds",
+            "From receipt of a generation request to the model's first token.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.tokens_per_second = Histogram(
+            "slimserve_generation_tokens_per_second",
+            "Decode rate of a finished generation (tokens after the first / time after the first).",
+            buckets=TOKENS_PER_SECOND_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "slimserve_generation_tokens",
+            "Tokens generated, by finish reason.",
+            ["finish_reason"],
             registry=self.registry,
         )
 

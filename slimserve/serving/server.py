@@ -1,9 +1,9 @@
-"""The scoring gRPC server: assembly, start, graceful drain, and the process entry point.
+"""The gRPC server every service shares: assembly, start, graceful drain, and the process entry point.
 
-``ScoringServer`` wires a ``ScoringCore`` into a grpc.aio server with the serving interceptor, health
-(driven by the model watcher), reflection and a Prometheus endpoint. ``stop`` drains: health goes
+``ServiceServer`` wires a service core into a grpc.aio server with the serving interceptor, health
+(driven by the core's model watcher), reflection and a Prometheus endpoint. ``stop`` drains: health goes
 NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then the Triton client closes.
-``run_scoring_service`` runs one until SIGTERM or SIGINT (the ``slimserve serve`` command).
+``ScoringServer`` is the scoring service; ``run_service`` runs one until SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any, ClassVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,10 +19,10 @@ from grpc_reflection.v1alpha import reflection
 
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
 
-from .config import ScoringServiceConfig
+from .config import GrpcServiceConfig, ScoringServiceConfig
 from .grpc_errors import RequestIdFilter, ServingInterceptor
-from .metrics import ServingMetrics, start_metrics_server
-from .scoring.core import SERVICE_NAME, ScoringCore
+from .metrics import ScoringMetrics, ServingMetrics, start_metrics_server
+from .scoring.core import ScoringCore
 from .scoring.servicer import ScoringServicer
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
-def server_options(config: ScoringServiceConfig) -> list[tuple[str, int]]:
+def server_options(config: GrpcServiceConfig) -> list[tuple[str, int]]:
     """Channel options: connection age (so clients rebalance behind a k8s Service), keepalive, sizes."""
     return [
         ("grpc.max_connection_age_ms", 5 * 60 * 1000),
@@ -42,12 +43,18 @@ def server_options(config: ScoringServiceConfig) -> list[tuple[str, int]]:
     ]
 
 
-class ScoringServer:
-    """One scoring service: gRPC server, health watcher, metrics endpoint."""
+class ServiceServer:
+    """One gRPC service: its core (plain logic, health watcher, Triton client), the grpc.aio server with
+    the serving interceptor, health, reflection, and the metrics endpoint. Subclasses name the service
+    and say how to build the core and register the servicer."""
 
-    def __init__(self, config: ScoringServiceConfig, core: ScoringCore | None = None):
+    service_name: ClassVar[str] = ""  # the proto service, e.g. "ScoringService"
+    service_descriptor: ClassVar[Any] = None  # the generated *_pb2 module's DESCRIPTOR
+    metrics_class: ClassVar[type[ServingMetrics]] = ServingMetrics
+
+    def __init__(self, config: GrpcServiceConfig, core: Any | None = None):
         self.config = config
-        self.metrics = ServingMetrics()
+        self.metrics = self.metrics_class()
         self.core = core
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -55,11 +62,23 @@ class ScoringServer:
         self._stop_metrics = None
         self._stopped = False
 
+    def build_core(self) -> Any:
+        """The service's core, built from ``self.config`` (reporting into ``self.metrics``)."""
+        raise NotImplementedError
+
+    def add_servicer(self, server: grpc.aio.Server) -> None:
+        """Register the service's servicer (wrapping ``self.core``) on ``server``."""
+        raise NotImplementedError
+
+    @property
+    def full_service_name(self) -> str:
+        return self.service_descriptor.services_by_name[self.service_name].full_name
+
     async def start(self) -> int:
         """Build the core (unless given), bind ``host:port`` and start serving; return the bound port."""
         config = self.config
         if self.core is None:
-            self.core = ScoringCore.from_config(config, metrics=self.metrics)
+            self.core = self.build_core()
         elif self.core.metrics is None:
             self.core.metrics = self.metrics
         watcher = self.core.watcher
@@ -68,10 +87,10 @@ class ScoringServer:
             options=server_options(config),
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
-        scoring_pb2_grpc.add_ScoringServiceServicer_to_server(ScoringServicer(self.core), server)
+        self.add_servicer(server)
         health_pb2_grpc.add_HealthServicer_to_server(watcher.servicer, server)
         names = (
-            scoring_pb2.DESCRIPTOR.services_by_name["ScoringService"].full_name,
+            self.full_service_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         )
@@ -91,7 +110,7 @@ class ScoringServer:
         metrics_where = f"{config.metrics_host}:{self.metrics_port}" if self._stop_metrics else "off"
         log.info(
             "%s listening on %s:%d (metrics %s); model %r version %s at %s, bundle %s",
-            SERVICE_NAME,
+            self.full_service_name,
             config.host,
             port,
             metrics_where,
@@ -126,8 +145,22 @@ class ScoringServer:
             await self._server.wait_for_termination()
 
 
-async def serve(config: ScoringServiceConfig, stop_event: asyncio.Event | None = None) -> None:
-    """Run a scoring server until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain.
+class ScoringServer(ServiceServer):
+    """The scoring service (``slimserve serve``)."""
+
+    service_name = "ScoringService"
+    service_descriptor = scoring_pb2.DESCRIPTOR
+    metrics_class = ScoringMetrics
+
+    def build_core(self) -> ScoringCore:
+        return ScoringCore.from_config(self.config, metrics=self.metrics)
+
+    def add_servicer(self, server: grpc.aio.Server) -> None:
+        scoring_pb2_grpc.add_ScoringServiceServicer_to_server(ScoringServicer(self.core), server)
+
+
+async def serve(server: ServiceServer, stop_event: asyncio.Event | None = None) -> None:
+    """Run ``server`` until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain.
 
     The signal handlers stay installed while draining, so a second SIGTERM cannot cut the drain short.
     """
@@ -148,7 +181,6 @@ async def serve(config: ScoringServiceConfig, stop_event: asyncio.Event | None =
             installed.append(signum)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
-    server = ScoringServer(config)
     try:
         await server.start()
         await stop_event.wait()
@@ -170,7 +202,12 @@ def configure_logging(level: str = "INFO") -> None:
     root.setLevel(level)
 
 
+def run_service(server: ServiceServer) -> None:
+    """Run a service in this process until SIGTERM or SIGINT, then drain (the ``serve*`` commands)."""
+    configure_logging(server.config.log_level)
+    asyncio.run(serve(server))
+
+
 def run_scoring_service(config: ScoringServiceConfig) -> None:
     """Run the scoring service in this process until SIGTERM or SIGINT (``slimserve serve``)."""
-    configure_logging(config.log_level)
-    asyncio.run(serve(config))
+    run_service(ScoringServer(config))

@@ -20,13 +20,13 @@ from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
 from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
 
-from ..errors import DeadlineExceeded, FailedPrecondition, InternalError, ServingError, Unavailable
+from ..errors import DeadlineExceeded, InternalError, ServingError, Unavailable
 from ..health import ModelHealthWatcher
 from .validation import effective_top_k, validate_score_request
 
 if TYPE_CHECKING:
     from ..config import ScoringServiceConfig
-    from ..metrics import ServingMetrics
+    from ..metrics import ScoringMetrics
     from ..triton.client import InferResult, TritonScorerClient
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class ScoringCore:
         config: ScoringServiceConfig,
         *,
         watcher: ModelHealthWatcher | None = None,
-        metrics: ServingMetrics | None = None,
+        metrics: ScoringMetrics | None = None,
     ):
         self.bundle = bundle
         self.tokenizer = tokenizer
@@ -77,7 +77,7 @@ class ScoringCore:
 
     @classmethod
     def from_config(
-        cls, config: ScoringServiceConfig, *, metrics: ServingMetrics | None = None
+        cls, config: ScoringServiceConfig, *, metrics: ScoringMetrics | None = None
     ) -> ScoringCore:
         """Load the bundle the config points at, check it, and build the tokenizer and Triton client."""
         from ..triton.client import TritonScorerClient
@@ -109,13 +109,7 @@ class ScoringCore:
 
     def check_serving(self) -> None:
         """Refuse at once when the model is not ready or carries another bundle."""
-        if self.watcher.hash_mismatch:
-            raise FailedPrecondition(
-                f"the Triton model {self.bundle.model_name!r} does not carry this service's serving "
-                "bundle; refusing to serve"
-            )
-        if not self.watcher.ready:
-            raise Unavailable(f"model {self.bundle.model_name!r} is not ready")
+        self.watcher.check_serving(self.bundle.model_name)
 
     async def score(
         self,

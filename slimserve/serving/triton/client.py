@@ -1,4 +1,8 @@
-"""The one module that imports ``tritonclient``: an asyncio gRPC client for a Triton scoring model.
+"""The one module that imports ``tritonclient``: asyncio gRPC clients for the Triton models.
+
+``TritonModelClient`` holds the control calls (readiness, config, statistics); ``TritonScorerClient``
+sends unary score requests; ``TritonGeneratorClient`` streams tokens from the decoupled generator over
+one gRPC stream per request.
 
 Every tritonclient/gRPC error is mapped here, by status code, to a ``slimserve.serving.errors`` type; the
 original exception stays chained (``raise ... from exc``) for the logs. Deadlines travel twice: as the
@@ -9,7 +13,9 @@ the gRPC call (grpc.aio does this; Triton then cancels the request).
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -28,7 +34,17 @@ from slimserve.serving.errors import (
     Unavailable,
 )
 
-__all__ = ["InferResult", "ModelStats", "TritonScorerClient", "map_triton_error"]
+__all__ = [
+    "GenerationRequest",
+    "GenerationStep",
+    "InferResult",
+    "ModelStats",
+    "TritonGeneratorClient",
+    "TritonModelClient",
+    "TritonScorerClient",
+    "map_stream_error",
+    "map_triton_error",
+]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Triton's defaults reject pings more often than every 5 min without data (and pings without calls), so
@@ -101,8 +117,8 @@ def map_triton_error(exc: BaseException, what: str) -> ServingError:
     return InternalError(f"{what} failed")
 
 
-class TritonScorerClient:
-    """Scores token-id batches with one Triton model over one reused gRPC channel."""
+class TritonModelClient:
+    """The control calls on one Triton model (readiness, config, statistics) over one reused channel."""
 
     def __init__(
         self,
@@ -110,16 +126,13 @@ class TritonScorerClient:
         *,
         model_name: str,
         model_version: str = "",
-        tensors: TensorNames = DEFAULT_TENSORS,
         control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
     ):
         self.url = url
         self.model_name = model_name
         self.model_version = model_version
-        self.tensors = tensors
         self.control_timeout_s = control_timeout_s
         self._client: triton_aio.InferenceServerClient | None = None
-        self._has_compute_ms: bool | None = None
 
     def _grpc(self) -> triton_aio.InferenceServerClient:
         # Created on first use, inside the running event loop the channel will belong to.
@@ -135,6 +148,70 @@ class TritonScorerClient:
         except (InferenceServerException, grpc.RpcError) as exc:
             raise map_triton_error(exc, f"model config of {self.model_name!r}") from exc
         return response.config
+
+    async def model_ready(self) -> bool:
+        """Whether Triton serves the model now; False (never an exception) when unreachable."""
+        try:
+            return bool(
+                await self._grpc().is_model_ready(
+                    self.model_name, self.model_version, client_timeout=self.control_timeout_s
+                )
+            )
+        except Exception:
+            return False
+
+    async def model_parameters(self) -> dict[str, str]:
+        """The string parameters of the model's config (e.g. the serving-bundle hash)."""
+        config = await self._config()
+        return {key: value.string_value for key, value in config.parameters.items()}
+
+    async def model_statistics(self) -> ModelStats:
+        """Cumulative statistics of the model, summed over its versions."""
+        try:
+            response = await self._grpc().get_inference_statistics(
+                self.model_name, self.model_version, client_timeout=self.control_timeout_s
+            )
+        except (InferenceServerException, grpc.RpcError) as exc:
+            raise map_triton_error(exc, f"statistics of {self.model_name!r}") from exc
+        stats = [s for s in response.model_stats if s.name == self.model_name]
+        return ModelStats(
+            inference_count=sum(s.inference_count for s in stats),
+            execution_count=sum(s.execution_count for s in stats),
+            queue_ns=sum(s.inference_stats.queue.ns for s in stats),
+            compute_infer_ns=sum(s.inference_stats.compute_infer.ns for s in stats),
+            success_count=sum(s.inference_stats.success.count for s in stats),
+        )
+
+    async def close(self) -> None:
+        """Close the channel; a later call opens a new one."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class TritonScorerClient(TritonModelClient):
+    """Scores token-id batches with one Triton model over one reused gRPC channel."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model_name: str,
+        model_version: str = "",
+        tensors: TensorNames = DEFAULT_TENSORS,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+    ):
+        super().__init__(
+            url, model_name=model_name, model_version=model_version, control_timeout_s=control_timeout_s
+        )
+        self.tensors = tensors
+        self._has_compute_ms: bool | None = None
 
     async def _wants_compute_ms(self) -> bool:
         if self._has_compute_ms is None:
@@ -199,47 +276,127 @@ class TritonScorerClient:
             round_trip_ms=round_trip_ms,
         )
 
-    async def model_ready(self) -> bool:
-        """Whether Triton serves the model now; False (never an exception) when unreachable."""
-        try:
-            return bool(
-                await self._grpc().is_model_ready(
-                    self.model_name, self.model_version, client_timeout=self.control_timeout_s
-                )
-            )
-        except Exception:
-            return False
 
-    async def model_parameters(self) -> dict[str, str]:
-        """The string parameters of the model's config (e.g. the serving-bundle hash)."""
-        config = await self._config()
-        return {key: value.string_value for key, value in config.parameters.items()}
+# -- generation: one bidirectional Triton stream per request -------------------------------------------
+# The generator model's error for a full queue starts with this text (contract of the generator model).
+_GENERATOR_QUEUE_FULL_TEXT = "queue full"
+# Ask Triton to deliver the empty response that carries only the final flag, so the end is always seen.
+_EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
+_FINAL_RESPONSE = "triton_final_response"
 
-    async def model_statistics(self) -> ModelStats:
-        """Cumulative statistics of the model, summed over its versions."""
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation request to the decoupled generator model (see docs/generator.md)."""
+
+    input_ids: Sequence[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class GenerationStep:
+    """One streamed response: the new tokens, and the finish reason on the last one ("" before)."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str = ""
+
+
+def map_stream_error(message: str, what: str) -> ServingError:
+    """The serving error for an error response on a Triton stream (it carries text, no status code)."""
+    lowered = message.lower()
+    if lowered.startswith(_GENERATOR_QUEUE_FULL_TEXT) or _QUEUE_FULL_TEXT.lower() in lowered:
+        return ResourceExhausted(f"{what}: the model's queue is full")
+    if "cancel" in lowered:
+        return Cancelled(f"{what}: cancelled")
+    if "unknown model" in lowered or "is not ready" in lowered or "not found" in lowered:
+        return Unavailable(f"{what}: model not found or not ready in Triton")
+    return InternalError(f"{what} failed")
+
+
+def _tensor(name: str, values: Sequence, dtype: str, np_dtype) -> InferInput:
+    array = np.asarray(values, dtype=np_dtype).reshape(-1)
+    tensor = InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def generation_inputs(request: GenerationRequest) -> list[InferInput]:
+    """The model's input tensors; optional ones only when they differ from the model's defaults."""
+    inputs = [
+        _tensor("input_ids", request.input_ids, "INT64", np.int64),
+        _tensor("max_tokens", [request.max_tokens], "INT32", np.int32),
+        _tensor("temperature", [request.temperature], "FP32", np.float32),
+        _tensor("top_p", [request.top_p], "FP32", np.float32),
+    ]
+    if request.seed is not None:
+        inputs.append(_tensor("seed", [request.seed], "UINT64", np.uint64))
+    if request.stop_token_ids:
+        inputs.append(_tensor("stop_token_ids", request.stop_token_ids, "INT64", np.int64))
+    return inputs
+
+
+class TritonGeneratorClient(TritonModelClient):
+    """Streams tokens from the decoupled generator model: one gRPC stream per request, so closing the
+    iterator early (or cancelling the task consuming it) cancels that request in Triton and frees its slot."""
+
+    async def generate(
+        self, request: GenerationRequest, *, timeout_s: float | None = None, request_id: str = ""
+    ) -> AsyncIterator[GenerationStep]:
+        """Yield the model's responses until one carries a finish reason; raises ``ServingError`` types.
+
+        ``timeout_s`` bounds the whole stream (the caller's remaining deadline)."""
+        what = f"generate on {self.model_name!r}"
+        if timeout_s is not None and timeout_s <= 0:
+            raise DeadlineExceeded(f"{what}: deadline already expired")
+        finished = asyncio.Event()
+
+        async def requests():
+            yield {
+                "model_name": self.model_name,
+                "model_version": self.model_version,
+                "inputs": generation_inputs(request),
+                "outputs": [InferRequestedOutput("token_ids"), InferRequestedOutput("finish_reason")],
+                "request_id": request_id,
+                "parameters": {_EMPTY_FINAL_RESPONSE: True},
+            }
+            await finished.wait()  # half-closing early could end the stream before the last response
+
+        stream = self._grpc().stream_infer(requests(), stream_timeout=timeout_s)
+        complete = False
         try:
-            response = await self._grpc().get_inference_statistics(
-                self.model_name, self.model_version, client_timeout=self.control_timeout_s
-            )
+            async for result, error in stream:
+                if error is not None:
+                    raise map_stream_error(error.message() or "", what) from error
+                step, final = _generation_step(result)
+                if step.token_ids or step.finish_reason:
+                    yield step
+                if step.finish_reason:
+                    complete = True
+                    return
+                if final:
+                    raise InternalError(f"{what}: the model ended the stream without a finish reason")
+            raise InternalError(f"{what}: Triton closed the stream before the last response")
         except (InferenceServerException, grpc.RpcError) as exc:
-            raise map_triton_error(exc, f"statistics of {self.model_name!r}") from exc
-        stats = [s for s in response.model_stats if s.name == self.model_name]
-        return ModelStats(
-            inference_count=sum(s.inference_count for s in stats),
-            execution_count=sum(s.execution_count for s in stats),
-            queue_ns=sum(s.inference_stats.queue.ns for s in stats),
-            compute_infer_ns=sum(s.inference_stats.compute_infer.ns for s in stats),
-            success_count=sum(s.inference_stats.success.count for s in stats),
-        )
+            raise map_triton_error(exc, what) from exc
+        finally:
+            finished.set()
+            if not complete:  # an error, the caller's cancellation, or the caller stopped reading
+                stream.cancel()
 
-    async def close(self) -> None:
-        """Close the channel; a later call opens a new one."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
 
-    async def __aenter__(self) -> TritonScorerClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+def _generation_step(result) -> tuple[GenerationStep, bool]:
+    """(step, whether Triton marked this response final) of one stream response."""
+    response = result.get_response()
+    final = _FINAL_RESPONSE in response.parameters and response.parameters[_FINAL_RESPONSE].bool_param
+    if not response.outputs:  # the empty final response
+        return GenerationStep(()), final
+    ids = result.as_numpy("token_ids")
+    reason = result.as_numpy("finish_reason")
+    tokens = tuple(int(t) for t in ids.reshape(-1)) if ids is not None else ()
+    text = reason.reshape(-1)[0] if reason is not None and reason.size else b""
+    finish = text.decode() if isinstance(text, bytes) else str(text)
+    return GenerationStep(tokens, finish), final
