@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
-SCORING_TEMPLATE_VERSION = "scoring-v2"
+SCORING_TEMPLATE_VERSION = "scoring-v3"
 
 # The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
 # because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
@@ -46,29 +46,23 @@ _ACTIVITY_TEXT = {
 
 
 def render_activity(activity: Activity) -> str:
-    """One history line: what the member did with which item."""
+    """One history entry: what the member did with which item."""
     where = f" at {activity.company}" if activity.company else ""
     industry = f" ({activity.industry})" if activity.industry else ""
-    return f"- {_ACTIVITY_TEXT[activity.kind]} {activity.item_title}{where}{industry}\n"
+    return f"{_ACTIVITY_TEXT[activity.kind]} {activity.item_title}{where}{industry}"
 
 
 def render_member(member: Member) -> str:
-    """Verbalize a member profile (360Brew style: short labelled lines)."""
-    remote = "yes" if member.open_to_remote else "no"
+    """Verbalize a member profile (360Brew style: short labelled lines, compact to keep prompts short)."""
+    remote = "open to remote" if member.open_to_remote else "not open to remote"
+    history = "; ".join(render_activity(a) for a in member.history) or "none"
     return (
-        f"Member headline: {member.headline or 'none'}\n"
+        f"Member: {member.headline or 'no headline'} | {_SENIORITY_TEXT[member.seniority]}, "
+        f"{member.years_experience:g} years | {member.location or 'unknown location'}, {remote}\n"
         f"Member skills: {_join(member.skills)}\n"
-        f"Member seniority: {_SENIORITY_TEXT[member.seniority]}, "
-        f"{member.years_experience:g} years of experience\n"
-        f"Member location: {member.location or 'unknown'} (open to remote: {remote})\n"
         f"Member industries: {_join(member.industries)}\n"
-    ) + _render_history(member.history)
-
-
-def _render_history(history: tuple[Activity, ...]) -> str:
-    if not history:
-        return "Member recent activity: none\n"
-    return "Member recent activity:\n" + "".join(render_activity(a) for a in history)
+        f"Member activity: {history}\n"
+    )
 
 
 def render_item(item: Item) -> str:
@@ -76,23 +70,59 @@ def render_item(item: Item) -> str:
     kind = _KIND_TEXT[item.kind]
     remote = "remote" if item.remote else "on site"
     text = (
-        f"Candidate {kind}: {item.title or 'untitled'} at {item.company or 'unknown company'}\n"
-        f"Required skills: {_join(item.required_skills)}\n"
-        f"Level: {_SENIORITY_TEXT[item.seniority]}\n"
-        f"Location: {item.location or 'unknown'} ({remote})\n"
-        f"Industry: {item.industry or 'unknown'}\n"
+        f"{kind.capitalize()}: {item.title or 'untitled'} at {item.company or 'unknown company'} | "
+        f"{_SENIORITY_TEXT[item.seniority]} | {item.location or 'unknown location'}, {remote} | "
+        f"{item.industry or 'unknown industry'}\n"
+        f"{kind.capitalize()} skills: {_join(item.required_skills)}\n"
     )
     if item.description:
-        text += f"Description: {item.description}\n"
+        text += f"{kind.capitalize()} description: {item.description}\n"
     return text
 
 
+_LEVELS = [level for level in Seniority if level is not Seniority.UNSPECIFIED]
+
+
+def _level_match(member: Seniority, item: Seniority) -> str:
+    if Seniority.UNSPECIFIED in (member, item):
+        return "level unknown"
+    gap = _LEVELS.index(item) - _LEVELS.index(member)
+    if gap == 0:
+        return "same level"
+    steps = "1 level" if abs(gap) == 1 else f"{abs(gap)} levels"
+    return f"{steps} {'above' if gap > 0 else 'below'} the member"
+
+
+def _location_match(member: Member, item: Item) -> str:
+    if item.remote:
+        return "remote, member open to remote" if member.open_to_remote else "remote, member not open to it"
+    if member.location and member.location == item.location:
+        return "same city"
+    return "other city"
+
+
+def render_match(member: Member, item: Item) -> str:
+    """The match line: what the profile and the item share, computed from their fields.
+
+    Production rankers verbalize such match features next to the raw profile; the model still has to
+    learn how much each one matters (and the member's taste, which shows only in the activity).
+    """
+    required = [s for s in item.required_skills if s]
+    shared = [s for s in required if s in set(member.skills)]
+    industry = "member's industry" if item.industry in member.industries else "new industry"
+    return (
+        f"Match: {len(shared)} of {len(required)} skills; "
+        f"{_level_match(member.seniority, item.seniority)}; {_location_match(member, item)}; {industry}\n"
+    )
+
+
 def render_scoring_prompt(member: Member, item: Item) -> str:
-    """The full scoring prompt: profile, candidate, question, answer cue."""
+    """The full scoring prompt: profile, candidate, match line, question, answer cue."""
     kind = _KIND_TEXT[item.kind]
     return (
         f"{render_member(member)}"
         f"{render_item(item)}"
+        f"{render_match(member, item)}"
         f"Question: Will this member engage with this {kind}? Answer Yes or No.\n"
         f"Answer:"
     )

@@ -114,6 +114,35 @@ def test_packaged_teacher_exports_with_parity(tmp_path):
 
 def test_prompt_shows_history_most_recent_first():
     text = render_scoring_prompt(EXAMPLE_MEMBER, example_candidates(1)[0])
-    assert "Member recent activity:\n- engaged with Platform Engineer at Hooli (internet)\n" in text
-    assert "- dismissed Accountant at Initech (finance)\n" in text
+    activity = next(line for line in text.splitlines() if line.startswith("Member activity: "))
+    assert activity.startswith("Member activity: engaged with Platform Engineer at Hooli (internet); ")
+    assert "dismissed Accountant at Initech (finance)" in activity
     assert text.endswith("Answer Yes or No.\nAnswer:")
+
+
+def test_match_line_is_computed_from_the_fields():
+    from dataclasses import replace
+
+    from slimserve.schema import Seniority
+
+    member = replace(EXAMPLE_MEMBER, skills=("python", "sql", "go"), location="Berlin", open_to_remote=False)
+    item = replace(
+        example_candidates(1)[0],
+        required_skills=("python", "go", "rust", "kafka"),
+        seniority=Seniority.LEAD,
+        location="Berlin",
+        remote=False,
+        industry=member.industries[0],
+    )
+    member = replace(member, seniority=Seniority.MID)
+    match = next(
+        line for line in render_scoring_prompt(member, item).splitlines() if line.startswith("Match:")
+    )
+    assert match == "Match: 2 of 4 skills; 2 levels above the member; same city; member's industry"
+    far = replace(item, remote=True, industry="nowhere", seniority=Seniority.ENTRY)
+    match = next(
+        line for line in render_scoring_prompt(member, far).splitlines() if line.startswith("Match:")
+    )
+    assert (
+        match == "Match: 2 of 4 skills; 1 level below the member; remote, member not open to it; new industry"
+    )

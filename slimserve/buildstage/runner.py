@@ -39,7 +39,10 @@ class BuildResult:
 
 def _stage_config(recipe: Recipe, stage: str) -> dict:
     """The settings a stage's output depends on (itself and everything upstream)."""
-    data = recipe.data.model_dump(mode="json")
+    from ..prompts import SCORING_TEMPLATE_VERSION
+
+    # The prompt template is upstream of everything: a new template re-runs every stage.
+    data = {**recipe.data.model_dump(mode="json"), "prompt_template": SCORING_TEMPLATE_VERSION}
     upstream = {
         "data": {"data": data},
         "teacher": {"data": data, "teacher": recipe.teacher.model_dump(mode="json")},
