@@ -155,6 +155,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- reasoning: serve-reasoning, explain, generate ------------------------------------------------------
+def _add_reasoning(sub) -> None:
+    from .reasoning_cli import add_reasoning_commands
+
+    add_reasoning_commands(sub)
+
+
 # -- up -----------------------------------------------------------------------------------------------
 def _add_up(sub) -> None:
     parser = sub.add_parser(
@@ -166,6 +173,7 @@ def _add_up(sub) -> None:
     parser.add_argument(
         "--teacher", default="default", help="without --recipe: export this teacher as the scorer"
     )
+    parser.add_argument("--work-dir", type=Path, help="with --recipe: build stage outputs (resumable)")
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model-name", default="scorer")
     parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC service")
@@ -193,6 +201,7 @@ def _run_up(args: argparse.Namespace) -> int:
     options = UpOptions(
         teacher=args.teacher,
         recipe=args.recipe,
+        work_dir=args.work_dir,
         model_repository=args.model_repository,
         model_name=args.model_name,
         host=args.host,
@@ -267,6 +276,7 @@ COMMANDS: tuple[Callable, ...] = (
     _add_export,
     _add_triton,
     _add_serve,
+    _add_reasoning,
     _add_up,
     _add_score,
     _add_bench,
