@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..compression.trainer import TrainConfig
+from ..export.tensorrt.settings import TensorRTSettings
 from ..settings import ConfigError, Settings, load_config
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "build" / "recipes"
@@ -106,6 +107,10 @@ class Recipe(Settings):
     env_prefix: ClassVar[str] = "SLIMSERVE_BUILD_"
 
     name: str = Field("custom", description="Recipe name (reports, work directory)")
+    target: Literal["cpu", "tensorrt"] = Field(
+        "cpu",
+        description="cpu: INT8 ONNX on ONNX Runtime; tensorrt: TensorRT engines (NVIDIA GPU, docs/gpu.md)",
+    )
     work_dir: Path | None = Field(None, description="Stage outputs; default build_output/<name>")
     data: DataSettings = Field(default_factory=DataSettings)
     teacher: TeacherSettings = Field(default_factory=TeacherSettings)
@@ -114,6 +119,7 @@ class Recipe(Settings):
     quantize: QuantizeSettings = Field(default_factory=QuantizeSettings)
     gates: GateSettings = Field(default_factory=GateSettings)
     publish: PublishSettings = Field(default_factory=PublishSettings)
+    tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="target: tensorrt only")
     speed_seconds: float = Field(5.0, gt=0, description="Seconds per in-process speed measurement")
 
     def resolved_work_dir(self) -> Path:

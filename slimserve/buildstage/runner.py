@@ -58,6 +58,12 @@ def _stage_config(recipe: Recipe, stage: str) -> dict:
         "quantize": recipe.quantize.model_dump(mode="json"),
         "buckets": list(recipe.publish.length_buckets),
     }
+    upstream["tensorrt"] = {
+        **upstream["redistill"],
+        "tensorrt": recipe.tensorrt.model_dump(mode="json"),
+        "buckets": list(recipe.publish.length_buckets),
+        "max_batch_size": recipe.publish.max_batch_size,
+    }
     return upstream[stage]
 
 
@@ -100,10 +106,10 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     (work / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
     seconds: dict[str, float] = {}
 
-    def timed(stage: str, fn):
+    def timed(stage: str, fn, config: dict | None = None):
         started = time.perf_counter()
         out = work / stage
-        config = _stage_config(recipe, stage)
+        config = config or _stage_config(recipe, stage)
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
             return artifacts.load_rows(out)
@@ -136,6 +142,12 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     )
     _gate(redistilled[0], recipe.gates.pruned_redistilled, teacher_auc)
     rows += distilled + pruned + redistilled
+    if recipe.target == "tensorrt":
+        from .tensorrt_stage import tensorrt_tail
+
+        final, publisher = tensorrt_tail(recipe, data, _stage_config(recipe, "tensorrt"), timed, loaded)
+        _gate(final[0], recipe.gates.int8, teacher_auc)
+        return _report_and_publish(recipe, rows + final, data, seconds, command, publisher)
 
     chosen: dict[str, Path] = {}
 
@@ -152,13 +164,28 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     rows = artifacts.load_rows(work / "int8", "earlier_rows.json")
     _gate(int8_rows[0], recipe.gates.int8, teacher_auc)
     rows += int8_rows
+    return _report_and_publish(
+        recipe,
+        rows,
+        data,
+        seconds,
+        command,
+        lambda card: publish(
+            recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
+        ),
+    )
+
+
+def _report_and_publish(
+    recipe: Recipe, rows, data: BuildData, seconds, command: str, publisher
+) -> BuildResult:
+    """Write the report and model card, then publish (``publisher(card)``)."""
+    work = recipe.resolved_work_dir()
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     card = build_card(recipe, result, command)
     (work / "report.md").write_text(card)
     (work / "report.json").write_text(json.dumps(report_json(result), indent=2) + "\n")
-    result.published = publish(
-        recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
-    )
+    result.published = publisher(card)
     return result
 
 

@@ -18,7 +18,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 ModelConfig = mc.ModelConfig
 
-WarmupData = Literal["zero", "random"]
+# "zero", "random", or "file:<name>": raw bytes of one sample in <version>/warmup/<name>.
+WarmupData = str
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class TensorSpec:
     name: str
     data_type: str  # a Triton DataType name: "TYPE_INT64", "TYPE_FP32", ...
     dims: tuple[int, ...]
+    optional: bool = False  # inputs only: a request may omit it
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class InstanceGroupSpec:
     count: int = 1
     kind: str = "KIND_CPU"  # "KIND_CPU", "KIND_GPU", "KIND_AUTO", "KIND_MODEL"
     gpus: tuple[int, ...] = ()
+    profiles: tuple[str, ...] = ()  # TensorRT optimization profiles the instances use (empty: all)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class TritonModelSpec:
     parameters: Mapping[str, str] = field(default_factory=dict)
     cc_model_filenames: Mapping[str, str] = field(default_factory=dict)
     default_model_filename: str | None = None
+    decoupled: bool = False  # model_transaction_policy: any number of responses per request (streaming)
 
 
 def _enum(enum_type, value: str, what: str) -> int:
@@ -127,6 +131,8 @@ def _tensor(message, spec: TensorSpec, what: str) -> None:
     message.name = spec.name
     message.data_type = _data_type(spec.data_type, f"{what} {spec.name!r}")
     message.dims.extend(spec.dims)
+    if spec.optional:
+        message.optional = True
 
 
 def to_model_config(spec: TritonModelSpec) -> ModelConfig:
@@ -140,6 +146,8 @@ def to_model_config(spec: TritonModelSpec) -> ModelConfig:
         cfg.default_model_filename = spec.default_model_filename
     for key, value in spec.cc_model_filenames.items():
         cfg.cc_model_filenames[key] = value
+    if spec.decoupled:
+        cfg.model_transaction_policy.decoupled = True
     policy = spec.version_policy
     if policy.kind == "latest":
         cfg.version_policy.latest.num_versions = policy.num_versions
@@ -159,6 +167,7 @@ def to_model_config(spec: TritonModelSpec) -> ModelConfig:
         message = cfg.instance_group.add(count=group.count)
         message.kind = _enum(mc.ModelInstanceGroup.Kind, group.kind, f"instance_group[{index}].kind")
         message.gpus.extend(group.gpus)
+        message.profile.extend(group.profiles)
     for warmup in spec.warmups:
         _warmup(cfg.model_warmup.add(), warmup)
     for key, value in spec.parameters.items():
@@ -196,8 +205,12 @@ def _warmup(message, spec: WarmupSpec) -> None:
             entry.zero_data = True
         elif data == "random":
             entry.random_data = True
+        elif data.startswith("file:") and len(data) > len("file:"):
+            entry.input_data_file = data[len("file:") :]
         else:
-            raise ValueError(f"warmup {spec.name!r} input {input_name!r}: data must be 'zero' or 'random'")
+            raise ValueError(
+                f"warmup {spec.name!r} input {input_name!r}: data must be 'zero', 'random' or 'file:<name>'"
+            )
 
 
 def check_config(cfg: ModelConfig) -> None:

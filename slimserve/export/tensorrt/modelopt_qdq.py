@@ -1,0 +1,137 @@
+"""NVIDIA Model Optimizer ONNX PTQ: the scorer graph with Q/DQ nodes (INT8 or FP8), calibrated on real prompts.
+
+Calibration batches are real tokenized prompts padded to their length buckets, exactly the shapes the
+services send, so each profile's activation ranges are seen. The layers left unquantized are cast to
+``high_precision_dtype`` (FP16 by default): a strongly typed TensorRT build runs exactly these types.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...errors import BuildError
+from ..parity import padded_batches
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_EPS = {"cuda": ["cuda:0", "cpu"], "cpu": ["cpu"]}
+
+
+def _modelopt_quantize():
+    try:
+        from modelopt.onnx.quantization import quantize
+    except ImportError as exc:
+        raise BuildError(
+            f"the tensorrt target needs NVIDIA Model Optimizer (pip install 'slimserve[gpu]'): {exc}"
+        ) from exc
+    return quantize
+
+
+def _reader_base():
+    from onnxruntime.quantization import CalibrationDataReader
+
+    return CalibrationDataReader
+
+
+def bucket_calibration_reader(sequences: Sequence[Sequence[int]], buckets, batch_size: int):
+    """An ONNX Runtime ``CalibrationDataReader`` over bucket-padded batches (what Model Optimizer takes)."""
+    feeds = [
+        {"input_ids": ids, "attention_mask": mask}
+        for _, ids, mask in padded_batches([list(s) for s in sequences], buckets, batch_size)
+    ]
+    if not feeds:
+        raise BuildError("calibration needs at least one prompt")
+
+    class BucketCalibrationReader(_reader_base()):
+        def __init__(self):
+            self.rewind()
+
+        def get_next(self):
+            return next(self._iter, None)
+
+        def get_first(self):
+            return feeds[0]
+
+        def rewind(self):
+            self._iter = iter(feeds)
+
+        def __len__(self):
+            return len(feeds)
+
+    return BucketCalibrationReader()
+
+
+def available_calibration_eps(provider: str) -> list[str]:
+    """Model Optimizer's ``calibration_eps`` for a provider, falling back to CPU without CUDA in ORT."""
+    import onnxruntime as ort
+
+    if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+        log.warning("ONNX Runtime has no CUDAExecutionProvider (onnxruntime-gpu missing): calibrating on CPU")
+        return CALIBRATION_EPS["cpu"]
+    return CALIBRATION_EPS[provider]
+
+
+def quantize_qdq(
+    fp32_onnx: Path,
+    output: Path,
+    sequences: Sequence[Sequence[int]],
+    buckets,
+    precision: str,
+    calibration_method: str = "max",
+    high_precision_dtype: str = "fp16",
+    provider: str = "cuda",
+    batch_size: int = 16,
+) -> Path:
+    """Write ``output``: ``fp32_onnx`` with Model Optimizer Q/DQ nodes of ``precision`` (int8 or fp8)."""
+    if precision not in ("int8", "fp8"):
+        raise BuildError(f"tensorrt.precision: Q/DQ supports int8 and fp8, got {precision!r}")
+    quantize = _modelopt_quantize()
+    fp32_onnx, output = Path(fp32_onnx), Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    external = fp32_onnx.with_name(fp32_onnx.name + ".data").exists()
+    reader = bucket_calibration_reader(sequences, buckets, batch_size)
+    log.info(
+        "Model Optimizer %s Q/DQ: %d calibration batches (%s), unquantized layers in %s",
+        precision,
+        len(reader),
+        calibration_method,
+        high_precision_dtype,
+    )
+    try:
+        quantize(
+            str(fp32_onnx),
+            quantize_mode=precision,
+            calibration_data_reader=reader,
+            calibration_method=calibration_method,
+            calibration_eps=available_calibration_eps(provider),
+            high_precision_dtype=high_precision_dtype,
+            use_external_data_format=external,
+            output_path=str(output),
+            log_level="WARNING",
+        )
+    except BuildError:
+        raise
+    except Exception as exc:  # Model Optimizer raises many types; one error for the build
+        raise BuildError(f"Model Optimizer {precision} quantization of {fp32_onnx} failed: {exc}") from exc
+    if not output.exists():
+        raise BuildError(f"Model Optimizer wrote no graph at {output}")
+    return output
+
+
+def qdq_summary(onnx_path: Path) -> dict[str, int]:
+    """Counts of Q/DQ nodes and of quantized element types in a graph (what the engine will run)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    counts: dict[str, int] = {"QuantizeLinear": 0, "DequantizeLinear": 0}
+    for node in model.graph.node:
+        if node.op_type in counts:
+            counts[node.op_type] += 1
+    types = {init.name: init.data_type for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear" and len(node.input) > 2 and node.input[2] in types:
+            name = onnx.TensorProto.DataType.Name(types[node.input[2]]).lower()
+            counts[f"zero_point_{name}"] = counts.get(f"zero_point_{name}", 0) + 1
+    return counts

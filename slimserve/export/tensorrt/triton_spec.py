@@ -1,0 +1,135 @@
+"""The TensorRT scorer's Triton model: a ``tensorrt_plan`` config from the shared typed generator.
+
+One config serves every GPU type: ``cc_model_filenames`` maps each compute capability to its engine
+(``"9.0": "model_sm90.plan"``) and no ``default_model_filename`` is set, so a GPU without its own engine
+fails to load instead of running another architecture's plan. Warmup runs every profile at its bucket
+length (batch 1, and optionally ``max_batch_size`` so memory is taken at load, not under traffic), with
+token 0 and an all-ones attention mask read from ``<version>/warmup/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ...bundle import TensorNames
+from ..triton_config import (
+    DynamicBatchingSpec,
+    InstanceGroupSpec,
+    ModelConfig,
+    TensorSpec,
+    TritonModelSpec,
+    WarmupSpec,
+)
+from .profiles import BucketProfile, profile_for
+
+PLATFORM = "tensorrt_plan"
+WARMUP_DIR = "warmup"
+PROFILES_PARAMETER = "slimserve_tensorrt_profiles"
+
+
+def warmup_mask_name(bucket: int) -> str:
+    return f"attention_mask_ones_{bucket}"
+
+
+def tensorrt_scorer_spec(
+    name: str,
+    profiles: Sequence[BucketProfile],
+    cc_model_filenames: Mapping[str, str],
+    max_queue_delay_us: int = 200,
+    max_queue_size: int = 0,
+    default_timeout_us: int = 0,
+    instance_count: int = 1,
+    warmup_max_batch: bool = True,
+    parameters: Mapping[str, str] | None = None,
+) -> TritonModelSpec:
+    """Spec of the TensorRT scorer: token ids in, ``score`` out, one optimization profile per bucket."""
+    if not profiles:
+        raise ValueError("a TensorRT scorer needs at least one optimization profile")
+    if not cc_model_filenames:
+        raise ValueError("cc_model_filenames is empty: build at least one engine")
+    names = TensorNames()
+    max_batch = profiles[0].max_batch
+    warmups = []
+    for profile in profiles:
+        batches = dict.fromkeys([1, max_batch] if warmup_max_batch else [1])
+        for batch in batches:
+            warmups.append(
+                WarmupSpec(
+                    name=f"profile{profile.index}_len{profile.bucket}_batch{batch}",
+                    batch_size=batch,
+                    inputs={
+                        names.input_ids: ("TYPE_INT64", (profile.bucket,), "zero"),
+                        names.attention_mask: (
+                            "TYPE_INT64",
+                            (profile.bucket,),
+                            f"file:{warmup_mask_name(profile.bucket)}",
+                        ),
+                    },
+                )
+            )
+    described = ";".join(f"{p.index}:{p.min_length}-{p.bucket}" for p in profiles)
+    return TritonModelSpec(
+        name=name,
+        backend=None,
+        platform=PLATFORM,
+        max_batch_size=max_batch,
+        inputs=(
+            TensorSpec(names.input_ids, "TYPE_INT64", (-1,)),
+            TensorSpec(names.attention_mask, "TYPE_INT64", (-1,)),
+        ),
+        outputs=(TensorSpec(names.score, "TYPE_FP32", (1,)),),
+        dynamic_batching=DynamicBatchingSpec(
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            default_timeout_us=default_timeout_us,
+        ),
+        instance_groups=(
+            InstanceGroupSpec(
+                count=instance_count, kind="KIND_GPU", profiles=tuple(str(p.index) for p in profiles)
+            ),
+        ),
+        warmups=tuple(warmups),
+        parameters={**(parameters or {}), PROFILES_PARAMETER: described},
+        cc_model_filenames=dict(cc_model_filenames),
+    )
+
+
+def warmup_files(profiles: Sequence[BucketProfile], directory: Path) -> dict[str, Path]:
+    """Write the warmup masks (raw little-endian int64, one sample) and map their published names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for profile in profiles:
+        name = warmup_mask_name(profile.bucket)
+        path = directory / name
+        path.write_bytes(np.ones(profile.bucket, dtype="<i8").tobytes())
+        files[f"{WARMUP_DIR}/{name}"] = path
+    return files
+
+
+def check_plan_config(cfg: ModelConfig, profiles: Sequence[BucketProfile], plan_files: Sequence[str]) -> None:
+    """The config agrees with the engines' profiles; raise ``ValueError`` listing every disagreement."""
+    problems = []
+    if cfg.platform != PLATFORM:
+        problems.append(f"platform is {cfg.platform!r}, expected {PLATFORM!r}")
+    if cfg.max_batch_size != profiles[0].max_batch:
+        problems.append(f"max_batch_size {cfg.max_batch_size} != profiles' max batch {profiles[0].max_batch}")
+    if cfg.default_model_filename:
+        problems.append("default_model_filename is set: a GPU without its own engine would load another's")
+    missing = sorted(set(cfg.cc_model_filenames.values()) - set(plan_files))
+    if missing:
+        problems.append(f"cc_model_filenames name engines that are not published: {missing}")
+    for group in cfg.instance_group:
+        unknown = sorted(set(group.profile) - {str(p.index) for p in profiles})
+        if unknown:
+            problems.append(f"instance_group uses profiles {unknown} the engine does not have")
+    for warmup in cfg.model_warmup:
+        for name, entry in warmup.inputs.items():
+            try:
+                profile_for(profiles, warmup.batch_size, entry.dims[-1])
+            except ValueError as exc:
+                problems.append(f"warmup {warmup.name!r} input {name!r}: {exc}")
+    if problems:
+        raise ValueError(f"TensorRT config of model {cfg.name!r}: " + "; ".join(problems))
