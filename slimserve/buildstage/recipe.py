@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..compression.trainer import TrainConfig
-from ..export.tensorrt.settings import TensorRTSettings
+from ..export.tensorrt.settings import TensorRTSettings, check_profiles_fit
 from ..settings import ConfigError, Settings, load_config
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "build" / "recipes"
@@ -121,6 +121,14 @@ class Recipe(Settings):
     publish: PublishSettings = Field(default_factory=PublishSettings)
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="target: tensorrt only")
     speed_seconds: float = Field(5.0, gt=0, description="Seconds per in-process speed measurement")
+
+    @field_validator("tensorrt")
+    @classmethod
+    def _profiles_fit(cls, value: TensorRTSettings, info: ValidationInfo) -> TensorRTSettings:
+        publish = info.data.get("publish")
+        if info.data.get("target") == "tensorrt" and publish is not None:
+            check_profiles_fit(value, publish.length_buckets, publish.max_batch_size)
+        return value
 
     def resolved_work_dir(self) -> Path:
         return self.work_dir or Path("build_output") / self.name

@@ -97,6 +97,10 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     from .int8_stage import publish, run_int8
     from .stages import run_distill, run_prune, run_redistill, run_teacher
 
+    if recipe.target == "tensorrt":
+        from .tensorrt_stage import preflight
+
+        preflight(recipe)
     work = recipe.resolved_work_dir()
     if restart and work.exists():
         import shutil

@@ -154,11 +154,18 @@ def publish_tensorrt(
     )
 
 
+def preflight(recipe: Recipe) -> None:
+    """Before hours of training: TensorRT, Model Optimizer and a GPU are here, and the precision fits it."""
+    from ..export.tensorrt.engine import import_tensorrt
+    from ..export.tensorrt.modelopt_qdq import modelopt_quantize_fn
+
+    import_tensorrt()
+    modelopt_quantize_fn()
+    choose_precision(recipe.tensorrt.precision, compute_capability())
+
+
 def tensorrt_tail(recipe: Recipe, data: BuildData, upstream_config: dict, timed, loaded):
     """Run the stage ``tensorrt_sm<cc>`` for this GPU (resumable per GPU type); return (rows, publisher)."""
-    from ..export.tensorrt.engine import import_tensorrt
-
-    import_tensorrt()  # the missing-package message before anything else
     cc = compute_capability()
     work = recipe.resolved_work_dir()
     engines = engines_dir(recipe, upstream_config)

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 CALIBRATION_EPS = {"cuda": ["cuda:0", "cpu"], "cpu": ["cpu"]}
 
 
-def _modelopt_quantize():
+def modelopt_quantize_fn():
     try:
         from modelopt.onnx.quantization import quantize
     except ImportError as exc:
@@ -87,7 +87,7 @@ def quantize_qdq(
     """Write ``output``: ``fp32_onnx`` with Model Optimizer Q/DQ nodes of ``precision`` (int8 or fp8)."""
     if precision not in ("int8", "fp8"):
         raise BuildError(f"tensorrt.precision: Q/DQ supports int8 and fp8, got {precision!r}")
-    quantize = _modelopt_quantize()
+    quantize = modelopt_quantize_fn()
     fp32_onnx, output = Path(fp32_onnx), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     external = fp32_onnx.with_name(fp32_onnx.name + ".data").exists()

@@ -59,3 +59,13 @@ class TensorRTSettings(BaseModel):
     parity: ParityThresholds = Field(default_factory=ParityThresholds)
     instance_count: int = Field(1, ge=1, description="Triton model instances per GPU")
     warmup_max_batch: bool = Field(True, description="Also warm up every profile at max_batch_size")
+
+
+def check_profiles_fit(settings: TensorRTSettings, length_buckets, max_batch_size: int) -> None:
+    """Recipe-time check that the profiles can be built (``ValueError`` naming the field)."""
+    from .profiles import bucket_profiles
+
+    try:
+        bucket_profiles(length_buckets, max_batch_size, settings.opt_batch_size)
+    except ValueError as exc:
+        raise ValueError(f"tensorrt profiles from publish.length_buckets/max_batch_size: {exc}") from None
