@@ -66,6 +66,10 @@ class ServingBundle:
         data["schema_version"] = BUNDLE_SCHEMA_VERSION
         return data
 
+    def write(self, directory: Path, tokenizer_file: Path) -> Path:
+        """Write the bundle into ``directory`` (what ``publish_version`` calls for any bundle type)."""
+        return write_bundle(self, directory, tokenizer_file)
+
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file, read in chunks."""

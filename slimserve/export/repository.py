@@ -36,9 +36,9 @@ from slimserve.bundle import (
     ServingBundle,
     compute_content_hash,
     sha256_file,
-    write_bundle,
 )
 from slimserve.export.triton_config import TritonModelSpec, render_config_pbtxt
+from slimserve.generation_bundle import GenerationBundle
 
 CONFIG_FILE = "config.pbtxt"
 MODEL_CARD_FILE = "MODEL_CARD.md"
@@ -148,7 +148,7 @@ def publish_version(
     repository: Path,
     spec: TritonModelSpec,
     files: Mapping[str, Path],
-    bundle: ServingBundle | None,
+    bundle: ServingBundle | GenerationBundle | None,
     tokenizer_file: Path | None,
     model_card: str,
     version: int | None = None,
@@ -243,7 +243,7 @@ def _stage_version(
     spec: TritonModelSpec,
     files: dict[str, Path],
     weights: tuple[str, ...],
-    bundle: ServingBundle | None,
+    bundle: ServingBundle | GenerationBundle | None,
     tokenizer_file: Path | None,
     model_card: str,
     version: int,
@@ -263,9 +263,8 @@ def _stage_version(
         assert tokenizer_file is not None
         named = dataclasses.replace(bundle, model_name=spec.name, model_version=version, content_hash="")
         content_hash = compute_content_hash(named, weight_hashes)
-        write_bundle(
-            dataclasses.replace(named, content_hash=content_hash), directory / BUNDLE_DIR, tokenizer_file
-        )
+        # Each bundle type writes itself (ServingBundle: bundle.json; GenerationBundle: generation.json).
+        dataclasses.replace(named, content_hash=content_hash).write(directory / BUNDLE_DIR, tokenizer_file)
     else:
         payload = json.dumps(
             {"model": spec.name, "version": version, "weights": weight_hashes}, sort_keys=True

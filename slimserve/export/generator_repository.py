@@ -1,0 +1,283 @@
+"""Publish a generator (causal LM -> checked ONNX decoder -> Triton model ``generator``), atomically.
+
+``publish_generator`` is what the build and the tests call: it saves the model, builds the FP32 decoder
+graph, fails unless its greedy tokens equal PyTorch's on the parity prompts, optionally builds a
+weight-only quantized graph (INT8/INT4 ``MatMulNBits``) and measures its agreement, then publishes the
+served graph, ``model.py`` (``slimserve/triton_models/generator.py``), the serving bundle
+(``tokenizer.json`` + ``generation.json``), ``export_report.json`` and a model card as one new version.
+``build_tiny_generator_repository`` does the same for a tiny random Llama in seconds (for tests).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..bundle import sha256_file
+from ..cache import cache_dir
+from ..generation_bundle import GenerationBundle
+from ..prompts import END_OF_TURN, EXPLAIN_TEMPLATE_VERSION
+from ..triton_models.generator import GENAI_CONFIG_FILE
+from .generator_export import PRECISIONS, DecoderGraph, build_decoder_onnx, save_hf_model
+from .generator_parity import (
+    GreedyParity,
+    compare_greedy,
+    encode_prompts,
+    explanation_prompts,
+    onnx_greedy,
+    torch_greedy,
+)
+from .onnx_export import ExportError
+from .repository import publish_version
+from .scorer_model import external_data_locations
+from .triton_config import InstanceGroupSpec, TensorSpec, TritonModelSpec
+
+log = logging.getLogger(__name__)
+
+GENERATOR_MODEL = "generator"
+MODEL_PY = "model.py"
+REPORT_FILE = "export_report.json"
+END_OF_TEXT = "<|endoftext|>"
+DEFAULT_MAX_CONTEXT = 2048
+
+
+def generator_model_source() -> Path:
+    """Path of the python-backend model file (``generator.py``)."""
+    from ..triton_models import generator
+
+    return Path(generator.__file__)
+
+
+def generator_triton_spec(
+    name: str = GENERATOR_MODEL,
+    *,
+    max_active_sequences: int = 8,
+    max_queued_requests: int = 64,
+    max_context: int | None = None,
+    intra_op_threads: int = 0,
+    parameters: Mapping[str, str] | None = None,
+) -> TritonModelSpec:
+    """Spec of the decoupled generator model (see docs/generator.md for the contract).
+
+    ``max_context`` None leaves the limit to the bundle's ``generation.json``.
+    """
+    if max_active_sequences < 1:
+        raise ValueError(f"max_active_sequences must be >= 1, got {max_active_sequences}")
+    if max_queued_requests < 0:
+        raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
+    params = {
+        "max_active_sequences": str(max_active_sequences),
+        "max_queued_requests": str(max_queued_requests),
+        "intra_op_threads": str(intra_op_threads),
+        **(parameters or {}),
+    }
+    if max_context is not None:
+        params["max_context"] = str(max_context)
+    return TritonModelSpec(
+        name=name,
+        backend="python",
+        max_batch_size=0,
+        decoupled=True,
+        inputs=(
+            TensorSpec("input_ids", "TYPE_INT64", (-1,)),
+            TensorSpec("max_tokens", "TYPE_INT32", (1,)),
+            TensorSpec("temperature", "TYPE_FP32", (1,), optional=True),
+            TensorSpec("top_p", "TYPE_FP32", (1,), optional=True),
+            TensorSpec("seed", "TYPE_UINT64", (1,), optional=True),
+            TensorSpec("stop_token_ids", "TYPE_INT64", (-1,), optional=True),
+        ),
+        outputs=(
+            TensorSpec("token_ids", "TYPE_INT64", (-1,)),
+            TensorSpec("finish_reason", "TYPE_STRING", (1,)),
+        ),
+        instance_groups=(InstanceGroupSpec(count=1, kind="KIND_CPU"),),
+        parameters=params,
+    )
+
+
+def generator_model_files(graph: DecoderGraph) -> dict[str, Path]:
+    """Files of one generator version: ``model.py``, ``model.onnx`` and the graph's external data."""
+    files = {
+        MODEL_PY: generator_model_source(),
+        "model.onnx": graph.onnx_path,
+        GENAI_CONFIG_FILE: graph.onnx_path.parent / GENAI_CONFIG_FILE,
+    }
+    for location in external_data_locations(graph.onnx_path):
+        files[location] = graph.onnx_path.parent / location
+    return files
+
+
+def default_eos_token_ids(model, tokenizer_file: Path) -> tuple[int, ...]:
+    """End-of-turn and end-of-text ids of the tokenizer, plus the model config's eos ids."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    ids = {tokenizer.token_to_id(token) for token in (END_OF_TURN, END_OF_TEXT)}
+    configured = getattr(model.config, "eos_token_id", None)
+    ids |= set(configured if isinstance(configured, list | tuple) else [configured])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def _model_card(bundle: GenerationBundle, report: dict) -> str:
+    lines = [
+        f"# {bundle.model_name}: generator ({bundle.precision})",
+        "",
+        f"- source model: {bundle.source_model or 'unknown'}",
+        f"- graph: ONNX decoder with KV cache (onnxruntime-genai model builder), precision {bundle.precision}",
+        f"- prompt template: {bundle.template_version}; eos ids {list(bundle.eos_token_ids)}",
+        f"- max context {bundle.max_context}, max new tokens {bundle.max_new_tokens_limit}",
+        f"- FP32 greedy parity with PyTorch: {report['parity_fp32']}",
+    ]
+    if report.get("agreement_quantized"):
+        lines.append(f"- {bundle.precision} greedy agreement with PyTorch: {report['agreement_quantized']}")
+    return "\n".join(lines) + "\n"
+
+
+def _checked(graph: DecoderGraph, sequences, reference, threads: int) -> GreedyParity:
+    started = time.perf_counter()
+    parity = compare_greedy(reference, onnx_greedy(graph.onnx_path, sequences, len(reference[0]), threads))
+    log.info(
+        "%s greedy agreement (%.1f s): %s", graph.precision, time.perf_counter() - started, parity.as_dict()
+    )
+    return parity
+
+
+def publish_generator(
+    model,
+    tokenizer_file: Path,
+    repository: Path,
+    version: int | None = None,
+    quantize: str | None = "int8",
+    *,
+    name: str = GENERATOR_MODEL,
+    source_model: str = "",
+    prompts: Sequence[str] | None = None,
+    parity_tokens: int = 24,
+    max_context: int | None = None,
+    max_new_tokens_limit: int = 512,
+    eos_token_ids: Sequence[int] | None = None,
+    max_active_sequences: int = 8,
+    max_queued_requests: int = 64,
+    intra_op_threads: int = 0,
+) -> Path:
+    """Export ``model`` (a HF Llama causal LM) as a new version of the ``generator`` model; return its path.
+
+    Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on ``prompts``
+    (default: 8 explanation prompts) for ``parity_tokens`` new tokens; nothing is published then.
+    ``quantize`` ``"int8"``/``"int4"`` publishes a weight-only quantized graph (its agreement with PyTorch
+    is reported, not gated); None publishes the FP32 graph.
+    """
+    if quantize is not None and quantize not in PRECISIONS[1:]:
+        raise ExportError(f"quantize must be None or one of {list(PRECISIONS[1:])}, got {quantize!r}")
+    if parity_tokens < 1:
+        raise ExportError(f"parity_tokens must be >= 1, got {parity_tokens}")
+    positions = int(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT))
+    max_context = min(positions, DEFAULT_MAX_CONTEXT) if max_context is None else max_context
+    if not 2 <= max_context <= positions:
+        raise ExportError(
+            f"max_context must be in [2, {positions}] (the model's positions), got {max_context}"
+        )
+    max_new_tokens_limit = min(max_new_tokens_limit, max_context - 1)
+    sequences = encode_prompts(tokenizer_file, prompts if prompts is not None else explanation_prompts(8))
+    too_long = [len(s) for s in sequences if len(s) + parity_tokens > max_context]
+    if too_long:
+        raise ExportError(f"parity prompts of {too_long} tokens do not fit max_context {max_context}")
+    report: dict = {"parity_prompts": len(sequences), "parity_tokens": parity_tokens, "seconds": {}}
+    with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-") as tmp:
+        tmp = Path(tmp)
+        started = time.perf_counter()
+        hf_dir = save_hf_model(model, tmp / "hf", tokenizer_file)
+        reference = torch_greedy(model.eval(), sequences, parity_tokens)
+        report["seconds"]["torch_reference"] = time.perf_counter() - started
+        graph = build_decoder_onnx(hf_dir, tmp / "fp32", "fp32")
+        report["seconds"]["build_fp32"] = graph.seconds
+        parity = _checked(graph, sequences, reference, intra_op_threads)
+        report["parity_fp32"] = parity.as_dict()
+        if not parity.identical:
+            raise ExportError(
+                f"generator parity failed: FP32 ONNX greedy tokens differ from PyTorch on "
+                f"{parity.prompts - parity.identical_sequences} of {parity.prompts} prompts "
+                f"(token agreement {parity.token_agreement:.3f}); nothing published"
+            )
+        if quantize is not None:
+            graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize)
+            report["seconds"][f"build_{quantize}"] = graph.seconds
+            report["agreement_quantized"] = _checked(graph, sequences, reference, intra_op_threads).as_dict()
+        report["onnx_bytes"] = graph.size_bytes
+        bundle = GenerationBundle(
+            model_name=name,
+            model_version=0,  # set at publish
+            template_version=EXPLAIN_TEMPLATE_VERSION,
+            eos_token_ids=tuple(eos_token_ids)
+            if eos_token_ids is not None
+            else default_eos_token_ids(model, tokenizer_file),
+            max_context=max_context,
+            max_new_tokens_limit=max_new_tokens_limit,
+            vocab_size=int(model.config.vocab_size),
+            tokenizer_sha256=sha256_file(tokenizer_file),
+            precision=graph.precision,
+            source_model=source_model,
+        )
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        spec = generator_triton_spec(
+            name,
+            max_active_sequences=max_active_sequences,
+            max_queued_requests=max_queued_requests,
+            intra_op_threads=intra_op_threads,
+            parameters={"source_model": source_model} if source_model else None,
+        )
+        files = {**generator_model_files(graph), REPORT_FILE: tmp / REPORT_FILE}
+        weights = tuple(name for name in files if name not in (MODEL_PY, REPORT_FILE))
+        published = publish_version(
+            repository,
+            spec,
+            files=files,
+            bundle=bundle,
+            tokenizer_file=tokenizer_file,
+            model_card=_model_card(bundle, report),
+            version=version,
+            weight_files=weights,
+            link_files=False,  # model.py comes from the source tree
+        )
+    log.info("published %s version %d at %s", name, published.version, published.path)
+    return published.path
+
+
+def build_tiny_generator_repository(
+    repository: Path,
+    *,
+    seed: int = 0,
+    quantize: str | None = None,
+    max_context: int = 1024,
+    max_new_tokens_limit: int = 512,
+    max_active_sequences: int = 4,
+    max_queued_requests: int = 8,
+    intra_op_threads: int = 1,
+    parity_prompts: int = 3,
+) -> Path:
+    """A repository with a tiny random Llama as ``generator`` (fast: seconds); returns the version path.
+
+    The real export path (builder, parity, publish) on ``load_teacher("tiny", seed)``; the prompts are
+    explanation prompts, so the SmolLM2 tokenizer's eos ids (``<|im_end|>`` 2, ``<|endoftext|>`` 0) apply.
+    """
+    from .teacher import load_teacher
+
+    loaded = load_teacher("tiny", seed=seed)
+    return publish_generator(
+        loaded.model,
+        loaded.tokenizer_file,
+        repository,
+        quantize=quantize,
+        source_model=loaded.name,
+        prompts=explanation_prompts(parity_prompts),
+        parity_tokens=8,
+        max_context=max_context,
+        max_new_tokens_limit=max_new_tokens_limit,
+        max_active_sequences=max_active_sequences,
+        max_queued_requests=max_queued_requests,
+        intra_op_threads=intra_op_threads,
+    )

@@ -1,0 +1,589 @@
+"""Triton python-backend model ``generator``: streaming text generation with iteration-level batching.
+
+Copied by the export as ``<repo>/generator/<version>/model.py`` next to ``model.onnx`` (a decoder with a
+KV cache built by ONNX Runtime GenAI's model builder: ``GroupQueryAttention`` layers, inputs
+``input_ids``, ``attention_mask``, ``past_key_values.<i>.key/value``; outputs ``logits`` [batch, 1, vocab]
+for the last position and ``present.<i>.key/value``). Self-contained on purpose (numpy, onnxruntime and
+the standard library only): it runs in Triton's python stub, possibly where slimserve is not installed.
+
+The model is decoupled. ``execute`` only validates and enqueues; one background thread runs the decoding
+loop: at every step it admits queued requests into free slots (a prefill of the prompt, whose logits give
+the first token), then decodes one token for every active sequence in one ONNX Runtime run, and streams
+each sequence's token through its response sender. The batched KV cache is right-padded: row ``b`` holds
+``lengths[b]`` valid positions and the attention mask tells the GQA kernel each row's length, so rows of
+different lengths decode together. A sequence that stops (end token, stop id, ``max_tokens``,
+cancellation) leaves the batch at once without holding the others.
+
+The pure parts (``OnnxDecoder``, ``KVBatch``, ``Sampler``, ``BatchEngine``, ``parse_request``) import
+and run outside Triton; the export's parity check drives the same ``BatchEngine``.
+"""
+
+import collections
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:  # Only inside Triton's python stub.
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # pragma: no cover - exercised outside Triton (unit tests, parity)
+    pb_utils = None
+
+DEFAULT_ONNX_FILE = "model.onnx"
+GENAI_CONFIG_FILE = "genai_config.json"
+GENERATION_FILE = os.path.join("bundle", "generation.json")
+MAX_TEMPERATURE = 5.0
+FINISH_RUNNING = ""
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class RequestError(ValueError):
+    """A request's inputs are unusable; the message names the field."""
+
+
+# -- the ONNX decoder ----------------------------------------------------------------------------------
+
+
+class OnnxDecoder:
+    """One ONNX Runtime session over the decoder graph, with its KV-cache tensor names and shapes."""
+
+    def __init__(self, path, intra_op_threads=0, allow_spinning=False):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if intra_op_threads:
+            options.intra_op_num_threads = int(intra_op_threads)
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+        self.session = ort.InferenceSession(
+            str(path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self.past_names = sorted(n for n in inputs if n.startswith("past_key_values."))
+        if "input_ids" not in inputs or "attention_mask" not in inputs or not self.past_names:
+            raise ValueError(f"{path}: not a decoder with a KV cache (inputs {sorted(inputs)})")
+        self.present_names = [n.replace("past_key_values.", "present.", 1) for n in self.past_names]
+        shape = inputs[self.past_names[0]].shape  # [batch, kv_heads, past_sequence, head_size]
+        self.kv_heads = int(shape[1])
+        self.head_size = shape[3] if isinstance(shape[3], int) else _genai_head_size(path)
+        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        self.output_names = ["logits", *self.present_names]
+
+    def empty_cache(self, batch):
+        return {n: np.zeros((batch, self.kv_heads, 0, self.head_size), np.float32) for n in self.past_names}
+
+    def run(self, input_ids, attention_mask, cache):
+        """One forward pass; returns (last-position logits [batch, vocab], the new cache)."""
+        feed = {"input_ids": input_ids, "attention_mask": attention_mask, **cache}
+        outputs = self.session.run(self.output_names, feed)
+        logits = outputs[0].reshape(input_ids.shape[0], -1)
+        return logits, dict(zip(self.past_names, outputs[1:], strict=True))
+
+    def prefill(self, prompt):
+        """Run one prompt alone; returns (logits [vocab], its cache of ``len(prompt)`` positions)."""
+        ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
+        logits, cache = self.run(ids, np.ones_like(ids), self.empty_cache(1))
+        return logits[0], cache
+
+
+def _genai_head_size(onnx_path):
+    """The head size from the builder's ``genai_config.json`` (the graph leaves that dim symbolic)."""
+    config_path = os.path.join(os.path.dirname(str(onnx_path)), GENAI_CONFIG_FILE)
+    with open(config_path) as handle:
+        return int(json.load(handle)["model"]["decoder"]["head_size"])
+
+
+class KVBatch:
+    """The running batch's KV cache: arrays [rows, kv_heads, width, head_size], each row right-padded."""
+
+    def __init__(self, names):
+        self.names = list(names)
+        self.cache = None
+        self.lengths = np.zeros(0, dtype=np.int64)
+
+    @property
+    def rows(self):
+        return len(self.lengths)
+
+    @property
+    def width(self):
+        return 0 if self.cache is None else self.cache[self.names[0]].shape[2]
+
+    def append(self, row_cache, length):
+        """Add one sequence's cache (width ``length``) as the last row."""
+        if self.cache is None:
+            self.cache, self.lengths = row_cache, np.array([length], dtype=np.int64)
+            return
+        width = max(self.width, length)
+        self.cache = {
+            name: np.concatenate([_pad_width(self.cache[name], width), _pad_width(row_cache[name], width)])
+            for name in self.names
+        }
+        self.lengths = np.append(self.lengths, np.int64(length))
+
+    def keep(self, rows):
+        """Keep only ``rows`` (indices, in order); drop padding columns no row needs any more."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            self.cache, self.lengths = None, np.zeros(0, dtype=np.int64)
+            return
+        self.lengths = self.lengths[rows]
+        width = int(self.lengths.max())
+        self.cache = {name: np.ascontiguousarray(self.cache[name][rows, :, :width]) for name in self.names}
+
+    def step_mask(self):
+        """Attention mask of a one-token step: row b attends to its ``lengths[b]`` positions plus the new one."""
+        positions = np.arange(self.width + 1)
+        return (positions[None, :] <= self.lengths[:, None]).astype(np.int64)
+
+
+def _pad_width(array, width):
+    missing = width - array.shape[2]
+    return array if missing == 0 else np.pad(array, ((0, 0), (0, 0), (0, missing), (0, 0)))
+
+
+# -- requests and sampling -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request: prompt ids, length limit, sampling settings and extra stop ids."""
+
+    input_ids: tuple
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the served model accepts."""
+
+    vocab_size: int
+    max_context: int
+    max_new_tokens_limit: int
+
+
+def _scalar(array, name, kind, cast):
+    if array is None:
+        return None
+    values = np.asarray(array).reshape(-1)
+    if values.size != 1:
+        raise RequestError(f"input {name!r} must hold one {kind} value, got {values.size}")
+    return cast(values[0])
+
+
+def _token_ids(array, name, vocab_size):
+    values = np.asarray(array).reshape(-1)
+    if values.dtype.kind not in "iu":
+        raise RequestError(f"input {name!r} must be INT64 token ids, got {values.dtype}")
+    bad = values[(values < 0) | (values >= vocab_size)]
+    if bad.size:
+        raise RequestError(
+            f"input {name!r}: token id {int(bad[0])} is outside the vocabulary [0, {vocab_size})"
+        )
+    return tuple(int(v) for v in values)
+
+
+def parse_request(tensors, limits):
+    """Check one request's tensors (name -> numpy array or None); raise ``RequestError`` naming the field."""
+    if tensors.get("input_ids") is None:
+        raise RequestError("missing input 'input_ids'")
+    prompt = _token_ids(tensors["input_ids"], "input_ids", limits.vocab_size)
+    if not prompt:
+        raise RequestError("input 'input_ids' is empty: the prompt needs at least one token")
+    max_tokens = _scalar(tensors.get("max_tokens"), "max_tokens", "INT32", int)
+    if max_tokens is None:
+        raise RequestError("missing input 'max_tokens'")
+    if not 1 <= max_tokens <= limits.max_new_tokens_limit:
+        raise RequestError(
+            f"input 'max_tokens' is {max_tokens}, must be in [1, {limits.max_new_tokens_limit}]"
+        )
+    if len(prompt) + max_tokens > limits.max_context:
+        raise RequestError(
+            f"input 'input_ids' has {len(prompt)} tokens: with max_tokens {max_tokens} that exceeds "
+            f"max_context {limits.max_context}"
+        )
+    temperature = _scalar(tensors.get("temperature"), "temperature", "FP32", float)
+    temperature = 0.0 if temperature is None else temperature
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:  # also rejects NaN
+        raise RequestError(f"input 'temperature' is {temperature}, must be in [0, {MAX_TEMPERATURE}]")
+    top_p = _scalar(tensors.get("top_p"), "top_p", "FP32", float)
+    top_p = 1.0 if top_p is None else top_p
+    if not 0.0 < top_p <= 1.0:
+        raise RequestError(f"input 'top_p' is {top_p}, must be in (0, 1]")
+    seed = _scalar(tensors.get("seed"), "seed", "UINT64", int)
+    stops = tensors.get("stop_token_ids")
+    stop_ids = (
+        frozenset(_token_ids(stops, "stop_token_ids", limits.vocab_size))
+        if stops is not None
+        else frozenset()
+    )
+    return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids)
+
+
+class Sampler:
+    """Chooses next tokens for one request: argmax at temperature 0, else temperature + top-p sampling."""
+
+    def __init__(self, temperature=0.0, top_p=1.0, seed=None):
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, logits):
+        if self.temperature <= 0.0:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / self.temperature
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        if self.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cumulative, self.top_p)) + 1]
+            return int(keep[self.rng.choice(len(keep), p=probs[keep] / probs[keep].sum())])
+        return int(self.rng.choice(len(probs), p=probs))
+
+
+# -- the batching engine -------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequence:
+    """One running request."""
+
+    key: object
+    request: GenerationRequest
+    sampler: Sampler
+    stop_ids: frozenset
+    generated: int = 0
+    last_token: int = -1
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one sequence produced in a step: a token (None when it stopped on a stop id) and why it ended."""
+
+    key: object
+    token: int | None
+    finish_reason: str = FINISH_RUNNING
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    tokens: int = 0
+    counts: dict = field(default_factory=dict)
+
+
+class BatchEngine:
+    """Iteration-level batching over an ``OnnxDecoder``: ``start`` adds a sequence, ``step`` decodes all."""
+
+    def __init__(self, decoder, eos_token_ids=()):
+        self.decoder = decoder
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.batch = KVBatch(decoder.past_names)
+        self.sequences = []  # row order of self.batch
+        self.stats = EngineStats()
+
+    @property
+    def active(self):
+        return len(self.sequences)
+
+    def _advance(self, sequence, token):
+        """Record ``token`` for ``sequence``; return its event."""
+        sequence.generated += 1
+        self.stats.tokens += 1
+        if token in sequence.stop_ids:
+            return StepEvent(sequence.key, None, "stop")
+        sequence.last_token = token
+        finish = "length" if sequence.generated >= sequence.request.max_tokens else FINISH_RUNNING
+        return StepEvent(sequence.key, token, finish)
+
+    def start(self, key, request):
+        """Prefill ``request`` and choose its first token; the sequence joins the batch unless it ended."""
+        sequence = Sequence(
+            key,
+            request,
+            Sampler(request.temperature, request.top_p, request.seed),
+            self.eos_token_ids | request.stop_token_ids,
+        )
+        logits, cache = self.decoder.prefill(request.input_ids)
+        self.stats.steps += 1
+        event = self._advance(sequence, sequence.sampler(logits))
+        if not event.finish_reason:
+            self.batch.append(cache, len(request.input_ids))
+            self.sequences.append(sequence)
+        return event
+
+    def step(self):
+        """Decode one token for every active sequence; finished ones leave the batch."""
+        if not self.sequences:
+            return []
+        tokens = np.array([[s.last_token] for s in self.sequences], dtype=np.int64)
+        logits, self.batch.cache = self.decoder.run(tokens, self.batch.step_mask(), self.batch.cache)
+        self.batch.lengths = self.batch.lengths + 1
+        self.stats.steps += 1
+        events = [self._advance(s, s.sampler(row)) for s, row in zip(self.sequences, logits, strict=True)]
+        self._keep([i for i, e in enumerate(events) if not e.finish_reason])
+        return events
+
+    def drop(self, keys):
+        """Remove sequences (cancelled) at once; their slots are free for the next admission."""
+        keys = set(keys)
+        self._keep([i for i, s in enumerate(self.sequences) if s.key not in keys])
+
+    def _keep(self, rows):
+        if len(rows) != len(self.sequences):
+            self.sequences = [self.sequences[i] for i in rows]
+            self.batch.keep(rows)
+
+    def reset(self):
+        self.sequences = []
+        self.batch = KVBatch(self.decoder.past_names)
+
+
+def generate(engine, requests):
+    """Run ``requests`` (all admitted at once) to the end; returns each one's tokens (helper for checks)."""
+    outputs = {index: [] for index in range(len(requests))}
+
+    def record(event):
+        if event.token is not None:
+            outputs[event.key].append(event.token)
+
+    for index, request in enumerate(requests):
+        record(engine.start(index, request))
+    while engine.active:
+        for event in engine.step():
+            record(event)
+    return [outputs[i] for i in range(len(requests))]
+
+
+# -- Triton glue ---------------------------------------------------------------------------------------
+
+
+def config_parameter(model_config, key, default=None):
+    """A string parameter from a Triton model config (JSON form), or ``default`` when absent/empty."""
+    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return value if value != "" else default
+
+
+@dataclass
+class Pending:
+    """A request between ``execute`` and its last response."""
+
+    request: object
+    sender: object
+    job: GenerationRequest
+    arrived: float
+
+
+def _is_cancelled(pending):
+    for owner in (pending.sender, pending.request):
+        check = getattr(owner, "is_cancelled", None)
+        if check is not None:
+            try:
+                if check():
+                    return True
+            except Exception:  # the request may already be released
+                return False
+    return False
+
+
+def _read_tensors(request):
+    names = ("input_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids")
+    tensors = {}
+    for name in names:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensors[name] = None if tensor is None else tensor.as_numpy()
+    return tensors
+
+
+def _error(message, code_name):
+    code = getattr(pb_utils.TritonError, code_name, None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+class TritonPythonModel:
+    """Triton python-backend entry point (decoupled)."""
+
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        if not model_config.get("model_transaction_policy", {}).get("decoupled", False):
+            raise ValueError("the generator model must be decoupled (model_transaction_policy.decoupled)")
+        version_dir = os.path.join(args["model_repository"], str(args["model_version"]))
+        with open(os.path.join(version_dir, GENERATION_FILE)) as handle:
+            generation = json.load(handle)
+        param = lambda key, default: config_parameter(model_config, key, default)  # noqa: E731
+        path = os.path.join(version_dir, param("onnx_file", DEFAULT_ONNX_FILE))
+        threads = int(param("intra_op_threads", "0"))
+        self.decoder = OnnxDecoder(path, threads, param("allow_spinning", "0") == "1")
+        self.engine = BatchEngine(self.decoder, generation["eos_token_ids"])
+        self.limits = Limits(
+            vocab_size=self.decoder.vocab_size,
+            max_context=int(param("max_context", generation["max_context"])),
+            max_new_tokens_limit=int(param("max_new_tokens_limit", generation["max_new_tokens_limit"])),
+        )
+        self.max_active = int(param("max_active_sequences", "8"))
+        self.max_queued = int(param("max_queued_requests", "64"))
+        self.log_every = int(param("log_every_steps", "200"))
+        self.queue = collections.deque()
+        self.running = {}  # key -> Pending
+        self.cond = threading.Condition()
+        self.stopping = False
+        self._next_key = 0
+        self._next_log = 0
+        self._make_metrics(args)
+        self.thread = threading.Thread(target=self._loop, name="generator-decode", daemon=True)
+        self.thread.start()
+        pb_utils.Logger.log_info(
+            f"generator {args.get('model_name', '')} v{args['model_version']}: {path}, {self.limits}, "
+            f"max_active_sequences={self.max_active}, max_queued_requests={self.max_queued}, "
+            f"intra_op_threads={threads or 'default'}"
+        )
+
+    def _make_metrics(self, args):
+        labels = {"model": args.get("model_name", "generator"), "version": str(args["model_version"])}
+        counter, gauge = pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE
+        self.metric_families = [
+            pb_utils.MetricFamily("slimserve_generator_steps_total", "Decoding steps (ONNX runs)", counter),
+            pb_utils.MetricFamily("slimserve_generator_tokens_total", "Tokens generated", counter),
+            pb_utils.MetricFamily("slimserve_generator_requests_total", "Finished requests", counter),
+            pb_utils.MetricFamily("slimserve_generator_active_sequences", "Sequences in the batch", gauge),
+        ]
+        steps, tokens, requests, active = self.metric_families
+        self.steps_metric = steps.Metric(labels=labels)
+        self.tokens_metric = tokens.Metric(labels=labels)
+        self.active_metric = active.Metric(labels=labels)
+        self.finish_metrics = {
+            reason: requests.Metric(labels={**labels, "finish_reason": reason}) for reason in FINISH_REASONS
+        }
+
+    # -- execute: validate and enqueue -------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = parse_request(_read_tensors(request), self.limits)
+            except RequestError as exc:
+                self._fail(sender, str(exc), "INVALID_ARG")
+                continue
+            with self.cond:
+                if len(self.queue) >= self.max_queued:
+                    full = True
+                else:
+                    full = False
+                    self.queue.append(Pending(request, sender, job, time.monotonic()))
+                    self.cond.notify()
+            if full:
+                self._fail(sender, f"queue full: {self.max_queued} requests already waiting", "UNAVAILABLE")
+        return None
+
+    def _fail(self, sender, message, code_name):
+        self.finish_metrics["error"].increment(1)
+        try:
+            response = pb_utils.InferenceResponse(output_tensors=[], error=_error(message, code_name))
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:
+            pb_utils.Logger.log_warn(f"generator: could not send an error response: {exc}")
+
+    # -- the decoding loop -------------------------------------------------------------------------
+    def _loop(self):
+        while True:
+            with self.cond:
+                while not self.stopping and not self.queue and not self.running:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+            try:
+                self._iteration()
+            except Exception as exc:  # an ORT failure: end every running request, keep serving
+                pb_utils.Logger.log_error(f"generator: decoding step failed: {type(exc).__name__}: {exc}")
+                for pending in self.running.values():
+                    self._fail(pending.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+                self.running.clear()
+                self.engine.reset()
+            self.active_metric.set(self.engine.active)
+
+    def _iteration(self):
+        self._drop_cancelled()
+        while self.engine.active < self.max_active:
+            with self.cond:
+                if not self.queue:
+                    break
+                pending = self.queue.popleft()
+            if _is_cancelled(pending):
+                self._finish(pending, "cancelled")
+                continue
+            key = self._next_key
+            self._next_key += 1
+            self.running[key] = pending
+            self._emit(self.engine.start(key, pending.job))
+            self.steps_metric.increment(1)
+        if self.engine.active:
+            events = self.engine.step()
+            self.steps_metric.increment(1)
+            for event in events:
+                self._emit(event)
+            if self.log_every and self.engine.stats.steps >= self._next_log:
+                self._next_log = self.engine.stats.steps + self.log_every
+                pb_utils.Logger.log_info(
+                    f"generator: step {self.engine.stats.steps}, batch {len(events)}, "
+                    f"queued {len(self.queue)}, tokens {self.engine.stats.tokens}"
+                )
+
+    def _drop_cancelled(self):
+        cancelled = [key for key, pending in self.running.items() if _is_cancelled(pending)]
+        if cancelled:
+            self.engine.drop(cancelled)
+            for key in cancelled:
+                self._finish(self.running.pop(key), "cancelled")
+        with self.cond:
+            waiting = [p for p in self.queue if _is_cancelled(p)]
+            for pending in waiting:
+                self.queue.remove(pending)
+        for pending in waiting:
+            self._finish(pending, "cancelled")
+
+    def _emit(self, event):
+        self.tokens_metric.increment(1)
+        pending = self.running[event.key]
+        tokens = [] if event.token is None else [event.token]
+        if event.finish_reason:
+            del self.running[event.key]
+        self._send(pending, tokens, event.finish_reason)
+
+    def _finish(self, pending, reason):
+        self._send(pending, [], reason)
+
+    def _send(self, pending, tokens, reason):
+        outputs = [
+            pb_utils.Tensor("token_ids", np.asarray(tokens, dtype=np.int64)),
+            pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
+        ]
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if reason else 0
+        if reason:
+            self.finish_metrics[reason].increment(1)
+        try:
+            pending.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
+        except Exception as exc:  # the client went away; its sequence is dropped at the next step
+            if reason != "cancelled":
+                pb_utils.Logger.log_warn(f"generator: could not send a response: {exc}")
+
+    def finalize(self):
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join(timeout=30)
+        leftover = list(self.running.values()) + list(self.queue)
+        self.running.clear()
+        self.queue.clear()
+        for pending in leftover:
+            self._fail(pending.sender, "the generator model is unloading", "UNAVAILABLE")
+        self.engine = None
+        self.decoder = None
