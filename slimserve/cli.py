@@ -243,31 +243,9 @@ def _run_score(args: argparse.Namespace) -> int:
 
 # -- bench ------------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
-    parser = sub.add_parser("bench", help="benchmarks against a running service")
-    kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    latency = kinds.add_parser("latency", help="Score latency (p50/p99), one request at a time")
-    latency.add_argument("--target", default="127.0.0.1:50051", help="scoring service host:port")
-    latency.add_argument("--candidates", default="1,50", help="comma-separated candidate counts")
-    latency.add_argument("--requests", type=int, default=100, help="measured requests per count")
-    latency.add_argument("--warmup", type=int, default=5, help="unmeasured requests per count first")
-    latency.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    latency.set_defaults(handler=_run_bench_latency)
+    from .bench.cli import add_bench_commands
 
-
-def _run_bench_latency(args: argparse.Namespace) -> int:
-    import json
-
-    from .bench.latency import format_latency_table, measure_score_latency
-
-    try:
-        counts = [int(c) for c in args.candidates.split(",")]
-    except ValueError:
-        raise UserError(f"--candidates: expected comma-separated numbers, got {args.candidates!r}") from None
-    results = measure_score_latency(args.target, counts, args.requests, args.warmup)
-    print(format_latency_table(results))
-    if args.json:
-        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
-    return EXIT_OK
+    add_bench_commands(sub)
 
 
 COMMANDS: tuple[Callable, ...] = (

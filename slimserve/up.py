@@ -29,6 +29,7 @@ class UpOptions:
 
     teacher: str = "default"
     recipe: str | None = None  # build this recipe when nothing is published (else: export the teacher)
+    work_dir: Path | None = None  # the build's stage outputs (default: the recipe's)
     model_repository: Path = Path("model_repository")
     model_name: str = "scorer"
     host: str = "127.0.0.1"
@@ -80,6 +81,9 @@ def _build(options: UpOptions) -> Path:
     publish = recipe.publish.model_copy(
         update={"model_repository": options.model_repository, "model_name": options.model_name}
     )
+    updates = {"publish": publish}
+    if options.work_dir is not None:
+        updates["work_dir"] = options.work_dir
     log.info(
         "no published %r in %s: building recipe %r",
         options.model_name,
@@ -87,7 +91,7 @@ def _build(options: UpOptions) -> Path:
         options.recipe,
     )
     result = run_build(
-        recipe.model_copy(update={"publish": publish}), command=f"slimserve build --recipe {options.recipe}"
+        recipe.model_copy(update=updates), command=f"slimserve build --recipe {options.recipe}"
     )
     print(f"\nBuild (recipe {recipe.name}):\n{result.table()}\n")  # noqa: T201
     return bundle_dir_for(options.model_repository, options.model_name, result.published.version)

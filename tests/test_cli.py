@@ -61,8 +61,10 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
         [
             *CLI,
             "up",
-            "--teacher",
+            "--recipe",
             "tiny",
+            "--work-dir",
+            str(tmp_path / "build"),
             "--model-repository",
             str(repository),
             "--port",
@@ -90,6 +92,7 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
         output, _ = up.communicate(timeout=60)
     assert up.returncode == 0, output
     assert "Sample request" in output and "Serving; Ctrl-C to stop." in output
+    assert "Build (recipe tiny)" in output and "INT8" in output
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
