@@ -1,0 +1,302 @@
+"""The ``slimserve bench ...`` subcommands: argument parsing and printing over the bench modules."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ..errors import UserError
+
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
+def _numbers(kind):
+    def parse(text: str):
+        if not text.strip():
+            return ()
+        try:
+            values = tuple(kind(v) for v in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        if any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+        return values
+
+    return parse
+
+
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workload (real prompts)")
+    group.add_argument(
+        "--dataset", type=Path, help="dataset directory (JSONL); default: a small synthetic one"
+    )
+    group.add_argument(
+        "--requests", type=int, default=64, help="distinct requests (members) to cycle through"
+    )
+    group.add_argument("--candidates", type=int, default=8, help="candidates (items) per Score request")
+
+
+def _write_json(path: Path | None, data) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _command_line() -> str:
+    return shlex.join(["slimserve", *sys.argv[1:]])
+
+
+# -- latency -------------------------------------------------------------------------------------------
+def _add_latency(kinds) -> None:
+    latency = kinds.add_parser("latency", help="Score latency (p50/p99), one request at a time")
+    latency.add_argument("--target", default="127.0.0.1:50051", help="scoring service host:port")
+    latency.add_argument("--candidates", type=_numbers(int), default=(1, 50), help="comma-separated counts")
+    latency.add_argument("--requests", type=int, default=100, help="measured requests per count")
+    latency.add_argument("--warmup", type=int, default=5, help="unmeasured requests per count first")
+    latency.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    latency.set_defaults(handler=_run_latency)
+
+
+def _run_latency(args: argparse.Namespace) -> int:
+    from .latency import format_latency_table, measure_score_latency
+
+    results = measure_score_latency(args.target, list(args.candidates), args.requests, args.warmup)
+    print(format_latency_table(results))
+    _write_json(args.json, [r.as_dict() for r in results])
+    return 0
+
+
+# -- triton --------------------------------------------------------------------------------------------
+def _add_triton(kinds) -> None:
+    parser = kinds.add_parser("triton", help="perf_analyzer against the repository's models on Triton")
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
+    parser.add_argument("--triton-url", help="use this running Triton (host:port) instead of starting one")
+    parser.add_argument(
+        "--models", default="", help="comma-separated model names (default: all token models)"
+    )
+    parser.add_argument(
+        "--bundle-model", default="scorer", help="model whose serving bundle tokenizes prompts"
+    )
+    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 2, 4, 8, 16), help="e.g. 1,4,16")
+    parser.add_argument("--request-rate", type=_numbers(float), default=(), help="Poisson rates, e.g. 10,20")
+    parser.add_argument("--buckets", type=_numbers(int), default=(), help="only these length buckets")
+    parser.add_argument("--window-requests", type=int, default=100, help="requests per measurement window")
+    parser.add_argument("--max-trials", type=int, default=3, help="measurement windows per load point")
+    parser.add_argument("--stability", type=float, default=1000.0, help="perf_analyzer -s (percent)")
+    parser.add_argument("--batch-size", type=int, default=1, help="perf_analyzer -b")
+    parser.add_argument("--csv", type=Path, help="write the typed points to this CSV file")
+    parser.add_argument("--json", type=Path, help="write the typed points to this JSON file")
+    _add_workload_args(parser)
+    parser.set_defaults(handler=_run_triton)
+
+
+def _run_triton(args: argparse.Namespace) -> int:
+    from ..bundle import bundle_dir_for
+    from .perf_analyzer import PerfSettings
+    from .report import write_csv
+    from .triton_bench import format_perf_table, run_triton_bench
+    from .workload import load_workload
+
+    if not args.model_repository.is_dir():
+        raise UserError(f"--model-repository {args.model_repository} does not exist")
+    workload = load_workload(
+        bundle_dir_for(args.model_repository, args.bundle_model),
+        args.dataset,
+        requests=args.requests,
+        candidates=args.candidates,
+    )
+    print(f"workload: {workload.describe()}")
+    settings = PerfSettings(args.window_requests, args.max_trials, args.stability, args.batch_size)
+    models = tuple(m for m in args.models.split(",") if m)
+    try:
+        points = run_triton_bench(
+            args.model_repository,
+            workload,
+            triton_url=args.triton_url,
+            models=models,
+            concurrencies=args.concurrency,
+            request_rates=args.request_rate,
+            buckets=args.buckets,
+            settings=settings,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(format_perf_table(points))
+    rows = [p.as_dict() for p in points]
+    if args.csv:
+        write_csv(args.csv, rows)
+    _write_json(args.json, rows)
+    return 0
+
+
+# -- grpc ----------------------------------------------------------------------------------------------
+def _add_grpc(kinds) -> None:
+    parser = kinds.add_parser("grpc", help="asyncio load generator against a running service (loopback)")
+    parser.add_argument("--target", default="127.0.0.1:50051", help="service host:port (loopback only)")
+    parser.add_argument("--method", choices=("Score", "Explain"), default="Score", help="RPC to load")
+    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
+    parser.add_argument("--rate", type=_numbers(float), default=(), help="open-loop Poisson rates (req/s)")
+    parser.add_argument("--max-requests", type=int, default=500, help="most requests per load level")
+    parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
+    parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests first")
+    parser.add_argument("--timeout", type=float, default=30.0, help="deadline per request (s)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="Explain: tokens to generate")
+    parser.add_argument("--json", type=Path, help="write the points to this JSON file")
+    _add_workload_args(parser)
+    parser.set_defaults(handler=_run_grpc)
+
+
+def _run_grpc(args: argparse.Namespace) -> int:
+    from .grpc_load import LoadPlan, bench_service, explain_requests, format_load_table, score_requests
+    from .workload import load_calls
+
+    calls, source = load_calls(args.dataset, requests=args.requests, candidates=args.candidates)
+    requests = score_requests(calls) if args.method == "Score" else explain_requests(calls, args.max_tokens)
+    plan = LoadPlan(
+        concurrencies=args.concurrency,
+        rates=args.rate,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        warmup_requests=args.warmup,
+        timeout_s=args.timeout,
+    )
+    print(f"workload: {len(calls)} requests from {source}")
+    points = asyncio.run(bench_service(args.target, args.method, requests, plan))
+    print(format_load_table(points))
+    _write_json(args.json, [p.as_dict() for p in points])
+    return 0
+
+
+# -- compare / report ----------------------------------------------------------------------------------
+def _add_compare_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--build-dir", type=Path, help="a build's work directory: teacher FP32, student FP32, INT8"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=ONNX[@TORCH]",
+        help="a variant by hand (repeatable; the last one is the published one): ONNX graph, optional "
+        "PyTorch source (tiny, default or a causal-LM directory)",
+    )
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the bundle")
+    parser.add_argument("--model-name", default="scorer", help="model whose serving bundle is used")
+    parser.add_argument("--engine-seconds", type=float, default=10.0, help="seconds per in-process engine")
+    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
+    parser.add_argument("--max-requests", type=int, default=400, help="most requests per load level")
+    parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
+    parser.add_argument("--delays-us", type=_numbers(int), default=(0, 300), help="queue delays to compare")
+    parser.add_argument(
+        "--main-delay-us", type=int, default=300, help="queue delay of the cross-variant runs"
+    )
+    parser.add_argument(
+        "--perf-concurrency", type=_numbers(int), default=(1, 4, 16), help="perf_analyzer levels"
+    )
+    parser.add_argument("--perf-window-requests", type=int, default=100, help="perf_analyzer window size")
+    parser.add_argument("--no-pytorch", action="store_true", help="skip the PyTorch baseline")
+    _add_workload_args(parser)
+
+
+def _variants(args: argparse.Namespace):
+    from .variants import Variant, variants_from_build
+
+    found = variants_from_build(args.build_dir) if args.build_dir else []
+    for text in args.variant:
+        name, sep, rest = text.partition("=")
+        if not sep or not name:
+            raise UserError(f"--variant {text!r}: expected NAME=ONNX[@TORCH]")
+        onnx, _, torch = rest.partition("@")
+        if not Path(onnx).is_file():
+            raise UserError(f"--variant {text!r}: {onnx} is not a file")
+        found.append(Variant(name, Path(onnx), torch or None))
+    if not found:
+        raise UserError("give --build-dir or at least one --variant")
+    return found
+
+
+def _compare(args: argparse.Namespace):
+    from ..bundle import bundle_dir_for
+    from .compare import CompareSettings, run_compare
+    from .workload import load_workload
+
+    bundle_dir = bundle_dir_for(args.model_repository, args.model_name)
+    variants = _variants(args)
+    dataset = args.dataset
+    if dataset is None and args.build_dir and (args.build_dir / "data" / "dataset").is_dir():
+        dataset = args.build_dir / "data" / "dataset"
+    workload = load_workload(bundle_dir, dataset, requests=args.requests, candidates=args.candidates)
+    print(f"workload: {workload.describe()}")
+    settings = CompareSettings(
+        engine_seconds=args.engine_seconds,
+        concurrencies=args.concurrency,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        delays_us=args.delays_us,
+        main_delay_us=args.main_delay_us,
+        perf_concurrencies=args.perf_concurrency,
+        perf_window_requests=args.perf_window_requests,
+        pytorch=not args.no_pytorch,
+    )
+    return run_compare(variants, bundle_dir, workload, settings)
+
+
+def _add_compare(kinds) -> None:
+    parser = kinds.add_parser("compare", help="in-process engines vs slimserve, variants, batching; ratios")
+    _add_compare_args(parser)
+    parser.add_argument("--json", type=Path, help="write ratios and figures to this JSON file")
+    parser.set_defaults(handler=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .ratios import compute_ratios, format_ratios
+    from .report import render_summary
+
+    result = _compare(args)
+    ratios = compute_ratios(result)
+    print(render_summary(result))
+    print()
+    print(format_ratios(ratios))
+    _write_json(args.json, {"ratios": [r.as_dict() for r in ratios], "summary": render_summary(result)})
+    return 0
+
+
+def _add_report(kinds) -> None:
+    parser = kinds.add_parser("report", help="run the comparison and write markdown, CSV and PNG plots")
+    _add_compare_args(parser)
+    parser.add_argument("--out", type=Path, help="report folder (default reports/<date-time>)")
+    parser.add_argument(
+        "--build-report", type=Path, help="build report.json (default <build-dir>/report.json)"
+    )
+    parser.add_argument(
+        "--note", default="", help="a remark printed at the top (e.g. the machine was shared)"
+    )
+    parser.set_defaults(handler=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from .report import default_inputs, write_report
+
+    build_report = args.build_report
+    if build_report is None and args.build_dir and (args.build_dir / "report.json").is_file():
+        build_report = args.build_dir / "report.json"
+    out = args.out or Path("reports") / time.strftime("%Y%m%d-%H%M%S")
+    inputs = default_inputs(_command_line(), build_report, args.note)
+    result = _compare(args)
+    path = write_report(result, inputs, out)
+    print(path.read_text())
+    print(f"report written to {path.parent}")
+    return 0
+
+
+def add_bench_commands(subparsers) -> None:
+    """``slimserve bench {latency,triton,grpc,compare,report}``."""
+    parser = subparsers.add_parser("bench", help="benchmarks: perf_analyzer, gRPC load, comparison, report")
+    kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    for add in (_add_latency, _add_triton, _add_grpc, _add_compare, _add_report):
+        add(kinds)

@@ -1,0 +1,91 @@
+"""In-process engines, the baselines of ``slimserve bench compare``: no server, no network, ideal batches.
+
+- ONNX Runtime called directly on full batches of one length bucket (``measure_onnx_speed``): the floor
+  no server running the same graph can beat;
+- PyTorch/transformers in process on the same padded batches: what a data scientist would run instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..export.parity import padded_batches
+from .workload import Workload
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Items/s of an in-process engine at ``batch_size``, and its single-item latency when measured."""
+
+    variant: str
+    engine: str
+    items_per_s: float
+    batch_size: int
+    threads: int
+    single_item_ms_p50: float | None = None
+    single_item_ms_p99: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def onnx_floor(
+    variant: str, onnx: Path, workload: Workload, seconds: float, batch_size: int = 32
+) -> EngineResult:
+    """ONNX Runtime on full batches of the workload's prompts (the Triton model's session options)."""
+    from ..evaluation.throughput import measure_onnx_speed
+
+    speed = measure_onnx_speed(
+        onnx, workload.sequences, workload.buckets, batch_size=batch_size, seconds=seconds
+    )
+    return EngineResult(
+        variant,
+        "onnxruntime in process",
+        speed.items_per_s_batch32,
+        batch_size,
+        speed.threads,
+        speed.single_item_latency_ms_p50,
+        speed.single_item_latency_ms_p99,
+    )
+
+
+def load_torch_scorer(source: str, yes_token_id: int, no_token_id: int):
+    """The scoring graph (PyTorch) of ``source``: 'tiny'/'default' teachers or a saved causal-LM directory."""
+    from ..export.scorer_graph import ScorerGraph
+
+    if source in ("tiny", "default"):
+        from ..export.teacher import load_teacher
+
+        model = load_teacher(source).model
+    else:
+        from ..buildstage.artifacts import load_causal_lm
+
+        model = load_causal_lm(Path(source))
+    return ScorerGraph(model, yes_token_id, no_token_id).eval()
+
+
+def torch_speed(
+    variant: str, graph, workload: Workload, seconds: float, batch_size: int = 32
+) -> EngineResult:
+    """Items/s of the PyTorch scoring graph on the same padded batches, after one warmup per shape."""
+    import torch
+
+    batches = [
+        (torch.from_numpy(ids), torch.from_numpy(mask))
+        for _, ids, mask in padded_batches(workload.sequences, workload.buckets, batch_size)
+    ]
+    full = [b for b in batches if len(b[0]) == batch_size] or batches
+    with torch.inference_mode():
+        for ids, mask in {tuple(b[0].shape): b for b in full}.values():
+            graph(ids, mask)
+        items, elapsed, runs = 0, 0.0, 0
+        while runs == 0 or elapsed < seconds:
+            ids, mask = full[runs % len(full)]
+            started = time.perf_counter()
+            graph(ids, mask)
+            elapsed += time.perf_counter() - started
+            items += len(ids)
+            runs += 1
+    return EngineResult(variant, "pytorch in process", items / elapsed, batch_size, torch.get_num_threads())

@@ -1,0 +1,91 @@
+"""The scoring service as a child process for benchmarks (``slimserve serve``), stopped afterwards.
+
+A separate process, as in production: the load generator and the service do not share an interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..serving.triton.launcher import free_port, read_log_tail
+
+
+def wait_serving(target: str, process: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
+    """Poll ``grpc.health.v1`` until SERVING; raise RuntimeError (with the log tail) on exit or timeout."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise RuntimeError(f"scoring service at {target} not serving; log {log_path}:\n{read_log_tail(log_path)}")
+
+
+@contextlib.contextmanager
+def scoring_service(
+    bundle_dir: Path, triton_url: str, timeout_s: float = 120.0, **settings: object
+) -> Iterator[str]:
+    """Run ``slimserve serve`` for ``bundle_dir`` against ``triton_url``; yield its ``host:port``.
+
+    ``settings`` are further ScoringServiceConfig fields (``triton_chunk_size=8`` -> ``--triton-chunk-size 8``).
+    """
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "slimserve.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "-1",
+        "--triton-url",
+        triton_url,
+        "--bundle-dir",
+        str(bundle_dir),
+        "--log-level",
+        "WARNING",
+        "--health-poll-interval-s",
+        "0.2",
+        "--drain-grace-s",
+        "2",
+    ]
+    for name, value in settings.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    handle, name = tempfile.mkstemp(prefix="slimserve-bench-service-", suffix=".log")
+    os.close(handle)
+    log_path = Path(name)
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_serving(target, process, timeout_s, log_path)
+        yield target
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

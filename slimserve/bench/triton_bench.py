@@ -1,0 +1,135 @@
+"""``slimserve bench triton``: perf_analyzer over concurrency and request-rate ranges, per model and bucket.
+
+Each model of the repository that takes token tensors (``input_ids`` and optionally ``attention_mask``)
+is driven with the workload's real prompts, one ``--input-data`` file per length bucket; decoupled
+(streaming) models get ``--streaming``. Models with other inputs are skipped with the reason logged.
+Triton is started on the repository unless ``triton_url`` names a running one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..export.repository import CONFIG_FILE
+from ..export.triton_config import parse_config_pbtxt
+from .perf_analyzer import (
+    PerfPoint,
+    PerfSettings,
+    find_perf_analyzer,
+    parse_perf_csv,
+    perf_command,
+    run_point,
+    write_input_data,
+)
+from .workload import Workload
+
+log = logging.getLogger(__name__)
+TOKEN_INPUTS = ("input_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A model of the repository that perf_analyzer can drive with token data."""
+
+    name: str
+    inputs: tuple[str, ...]
+    streaming: bool
+
+
+def bench_models(repository: Path, names: tuple[str, ...] = ()) -> list[BenchModel]:
+    """Models of ``repository`` (or only ``names``) that take token tensors; others are logged and skipped."""
+    found = []
+    for config_path in sorted(Path(repository).glob(f"*/{CONFIG_FILE}")):
+        name = config_path.parent.name
+        if names and name not in names:
+            continue
+        config = parse_config_pbtxt(config_path.read_text())
+        inputs = tuple(t.name for t in config.input)
+        if not inputs or set(inputs) - set(TOKEN_INPUTS):
+            log.warning("perf_analyzer: skipping model %r: no real data for its inputs %s", name, inputs)
+            continue
+        found.append(BenchModel(name, inputs, config.model_transaction_policy.decoupled))
+    missing = sorted(set(names) - {m.name for m in found})
+    if missing:
+        raise ValueError(f"--models: {missing} are not token-input models in {repository}")
+    return found
+
+
+@contextlib.contextmanager
+def triton_endpoint(repository: Path, triton_url: str | None, models: list[str]) -> Iterator[str]:
+    """``triton_url`` as is, or a Triton started on ``repository`` for the duration (stopped after)."""
+    if triton_url:
+        yield triton_url
+        return
+    from ..serving.triton.launcher import TritonServer, TritonServerConfig
+
+    config = TritonServerConfig(
+        model_repository=Path(repository).resolve(),
+        model_control_mode="explicit",
+        load_models=tuple(models),
+        startup_timeout_s=600,
+    )
+    with TritonServer(config) as server:
+        yield server.grpc_url
+
+
+def run_triton_bench(
+    repository: Path,
+    workload: Workload,
+    *,
+    triton_url: str | None = None,
+    models: tuple[str, ...] = (),
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16),
+    request_rates: tuple[float, ...] = (),
+    buckets: tuple[int, ...] = (),
+    settings: PerfSettings | None = None,
+) -> list[PerfPoint]:
+    """perf_analyzer points for every model x bucket x (concurrency | request rate)."""
+    settings = settings or PerfSettings()
+    binary = find_perf_analyzer()
+    targets = bench_models(repository, models)
+    if not targets:
+        raise ValueError(f"no model in {repository} takes token inputs")
+    by_bucket = workload.by_bucket()
+    chosen = [b for b in by_bucket if not buckets or b in buckets]
+    if not chosen:
+        raise ValueError(f"--buckets {buckets}: the workload has prompts only in buckets {sorted(by_bucket)}")
+    loads = [("concurrency", float(c)) for c in concurrencies] + [("request_rate", r) for r in request_rates]
+    points: list[PerfPoint] = []
+    with (
+        triton_endpoint(repository, triton_url, [m.name for m in targets]) as url,
+        tempfile.TemporaryDirectory(prefix="slimserve-perf-") as tmp,
+    ):
+        for model in targets:
+            for bucket in chosen:
+                data = write_input_data(
+                    Path(tmp) / f"{model.name}-{bucket}.json", by_bucket[bucket], bucket, model.inputs
+                )
+                for mode, load in loads:
+                    csv_path = Path(tmp) / f"{model.name}-{bucket}-{mode}-{load:g}.csv"
+                    command = perf_command(
+                        binary, model.name, url, data, csv_path, mode, load, settings, model.streaming
+                    )
+                    log.info("perf_analyzer: %s bucket %d %s %g", model.name, bucket, mode, load)
+                    text = run_point(command, csv_path, settings.timeout_s)
+                    points += parse_perf_csv(text, model.name, bucket, settings.batch_size)
+    return points
+
+
+def format_perf_table(points: list[PerfPoint]) -> str:
+    """Markdown table of perf_analyzer points."""
+    lines = [
+        "| model | bucket | mode | load | items/s | p50 ms | p95 ms | p99 ms | queue ms | compute ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        lines.append(
+            f"| {p.model} | {p.bucket} | {p.mode} | {p.load:g} | {p.items_per_s:.1f} | {p.p50_ms:.1f} | "
+            f"{p.p95_ms:.1f} | {p.p99_ms:.1f} | {p.server_queue_ms:.2f} | {p.server_compute_ms:.1f} |"
+        )
+    return "\n".join(lines)

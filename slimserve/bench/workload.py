@@ -1,0 +1,122 @@
+"""The benchmark workload: real scoring requests from a dataset, tokenized with the served bundle.
+
+Every benchmark of one run uses the same workload, so the in-process engines, perf_analyzer and the gRPC
+load generator score the same prompts. A request (``ScoreCall``) is one member with ``candidates``
+items: the member's own impressions first, then other items of the split. Without a dataset a small
+synthetic one is generated in memory (the generator of ``slimserve data synth``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bundle import TOKENIZER_FILE, load_bundle
+from ..prompts import render_scoring_prompt
+from ..schema import Item, Member
+from ..tokenization import PromptTokenizer, group_by_bucket
+
+
+@dataclass(frozen=True)
+class ScoreCall:
+    """One Score request: a member and its candidates."""
+
+    member: Member
+    items: tuple[Item, ...]
+
+
+@dataclass
+class Workload:
+    """Requests and the token sequences of all their (member, item) prompts, in request order."""
+
+    calls: list[ScoreCall]
+    sequences: list[list[int]]
+    buckets: tuple[int, ...]
+    source: str
+
+    @property
+    def items(self) -> int:
+        return len(self.sequences)
+
+    def by_bucket(self) -> dict[int, list[list[int]]]:
+        """Sequences grouped by the length bucket they pad to."""
+        return {
+            bucket: [self.sequences[i] for i in indices]
+            for bucket, indices in sorted(group_by_bucket(self.sequences, self.buckets).items())
+        }
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{b}: {len(s)}" for b, s in self.by_bucket().items())
+        return (
+            f"{len(self.calls)} requests x {len(self.calls[0].items)} candidates from {self.source} "
+            f"(prompts per length bucket {sizes})"
+        )
+
+
+def _examples(dataset_dir: Path | None, split: str, seed: int) -> tuple[list, str]:
+    from ..data.splits import split_dataset
+
+    if dataset_dir is not None:
+        from ..data.records import load_dataset
+
+        dataset, source = load_dataset(dataset_dir), f"dataset {dataset_dir} ({split} split)"
+    else:
+        from ..data.synth import SynthConfig, synthesize
+
+        dataset, _ = synthesize(SynthConfig(seed=seed, members=80, items=60))
+        source = f"a synthetic dataset (seed {seed}, {split} split)"
+    examples = split_dataset(dataset, seed=seed).by_name(split)
+    if not examples:
+        raise ValueError(f"the {split} split of {source} is empty")
+    return examples, source
+
+
+def build_calls(examples: list, requests: int, candidates: int) -> list[ScoreCall]:
+    """``requests`` calls of ``candidates`` items: each member's impressions, topped up from the split."""
+    if requests < 1 or candidates < 1:
+        raise ValueError("requests and candidates must be at least 1")
+    by_member: dict[str, list] = defaultdict(list)
+    for example in examples:
+        by_member[example.member_id].append(example)
+    all_items = [e.item for e in examples]
+    calls, filler = [], 0
+    members = list(by_member.values())
+    while len(calls) < requests:
+        group = members[len(calls) % len(members)]
+        items = [e.item for e in group][:candidates]
+        while len(items) < candidates:
+            items.append(all_items[filler % len(all_items)])
+            filler += 1
+        calls.append(ScoreCall(group[0].member, tuple(items)))
+    return calls
+
+
+def load_calls(
+    dataset_dir: Path | None = None,
+    *,
+    requests: int = 64,
+    candidates: int = 8,
+    split: str = "test",
+    seed: int = 0,
+) -> tuple[list[ScoreCall], str]:
+    """Requests (member and candidates) from a dataset split, and a description of where they came from."""
+    examples, source = _examples(dataset_dir, split, seed)
+    return build_calls(examples, requests, candidates), source
+
+
+def load_workload(
+    bundle_dir: Path,
+    dataset_dir: Path | None = None,
+    *,
+    requests: int = 64,
+    candidates: int = 8,
+    split: str = "test",
+    seed: int = 0,
+) -> Workload:
+    """Real scoring requests tokenized with the bundle's tokenizer, maximum length and buckets."""
+    bundle = load_bundle(Path(bundle_dir))
+    tokenizer = PromptTokenizer(Path(bundle_dir) / TOKENIZER_FILE, bundle.max_length)
+    calls, source = load_calls(dataset_dir, requests=requests, candidates=candidates, split=split, seed=seed)
+    texts = [render_scoring_prompt(call.member, item) for call in calls for item in call.items]
+    return Workload(calls, tokenizer.encode(texts), tuple(sorted(bundle.length_buckets)), source)
