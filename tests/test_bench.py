@@ -15,6 +15,7 @@ def test_percentiles_match_known_data():
     assert summary.count == 100
     assert summary.p50_ms == pytest.approx(50.5)
     assert summary.p90_ms == pytest.approx(90.1)
+    assert summary.p95_ms == pytest.approx(95.05)
     assert summary.p99_ms == pytest.approx(99.01)
     assert summary.mean_ms == pytest.approx(50.5) and summary.max_ms == 100.0
     assert LatencySummary.of([7.0]).p99_ms == 7.0

@@ -15,7 +15,7 @@ from ..errors import UserError
 DEFAULT_REPOSITORY = Path("model_repository")
 
 
-def _numbers(kind):
+def _numbers(kind, allow_zero: bool = False):
     def parse(text: str):
         if not text.strip():
             return ()
@@ -23,8 +23,9 @@ def _numbers(kind):
             values = tuple(kind(v) for v in text.split(","))
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-        if any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+        if any(v < 0 or (v == 0 and not allow_zero) for v in values):
+            kinds = "non-negative" if allow_zero else "positive"
+            raise argparse.ArgumentTypeError(f"expected {kinds} numbers, got {text!r}")
         return values
 
     return parse
@@ -191,7 +192,9 @@ def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
     parser.add_argument("--max-requests", type=int, default=400, help="most requests per load level")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
-    parser.add_argument("--delays-us", type=_numbers(int), default=(0, 300), help="queue delays to compare")
+    parser.add_argument(
+        "--delays-us", type=_numbers(int, allow_zero=True), default=(0, 300), help="queue delays to compare"
+    )
     parser.add_argument(
         "--main-delay-us", type=int, default=300, help="queue delay of the cross-variant runs"
     )

@@ -154,6 +154,15 @@ class PerfSettings:
     batch_size: int = 1
     timeout_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        # Stability compares the last three windows: with fewer trials perf_analyzer always fails.
+        if self.max_trials < 3:
+            raise ValueError(
+                f"max_trials must be >= 3 (perf_analyzer compares 3 windows), got {self.max_trials}"
+            )
+        if self.window_requests < 1 or self.batch_size < 1:
+            raise ValueError("window_requests and batch_size must be >= 1")
+
 
 @dataclass(frozen=True)
 class PerfPoint:
