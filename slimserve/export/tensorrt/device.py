@@ -50,7 +50,7 @@ def plan_filename(cc: ComputeCapability) -> str:
     return f"model_sm{cc[0]}{cc[1]}.plan"
 
 
-PLAN_NAME = re.compile(r"^model_sm(\d)(\d+)\.plan$")
+PLAN_NAME = re.compile(r"^model_sm(\d+)(\d)\.plan$")  # minor versions are one digit
 
 
 def cc_of_plan(filename: str) -> ComputeCapability:

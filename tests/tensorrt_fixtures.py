@@ -1,0 +1,59 @@
+"""Shared by the TensorRT tests: real prompts of varied lengths and the tiny scorer's FP32 ONNX graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+from slimserve.export.onnx_export import export_scorer_onnx
+from slimserve.export.scorer_graph import ScorerGraph
+from slimserve.prompts import render_scoring_prompt
+from slimserve.tokenization import PromptTokenizer, pad_batch
+
+BUCKETS = (64, 128, 192)
+GROUP_SIZE = 8  # candidates per (pseudo) member for the ranking checks
+
+
+def varied_prompts(tokenizer_file: Path, count: int, seed: int = 1) -> list[list[int]]:
+    """Real scoring prompts cut to prefixes of random length in every bucket.
+
+    Whole prompts all end in the same answer cue, and a random tiny model scores them almost alike (std
+    about 0.01, below INT8 noise); prefixes end in different tokens, so their scores spread out and a
+    ranking check means something.
+    """
+    prompts = [render_scoring_prompt(EXAMPLE_MEMBER, item) for item in example_candidates(count, seed=seed)]
+    tokenizer = PromptTokenizer(tokenizer_file, max_length=max(BUCKETS))
+    rng = np.random.default_rng(seed)
+    return [ids[: int(rng.integers(8, len(ids) + 1))] for ids in tokenizer.encode(prompts)]
+
+
+def groups_of(count: int) -> list[str]:
+    return [f"member{i // GROUP_SIZE}" for i in range(count)]
+
+
+def label_ids(tokenizer_file: Path) -> tuple[int, int]:
+    from slimserve.prompts import NO_WORD, YES_WORD
+
+    tokenizer = PromptTokenizer(tokenizer_file, max_length=16)
+    return tokenizer.token_id(YES_WORD), tokenizer.token_id(NO_WORD)
+
+
+def export_fp32(model, tokenizer_file: Path, path: Path) -> Path:
+    """The scoring graph of ``model`` as FP32 ONNX (the real exporter)."""
+    graph = ScorerGraph(model, *label_ids(tokenizer_file)).eval()
+    ids, mask = pad_batch(varied_prompts(tokenizer_file, 2), max(BUCKETS))
+    export_scorer_onnx(graph, path, torch.from_numpy(ids), torch.from_numpy(mask))
+    return path
+
+
+def torch_scores(model, tokenizer_file: Path, sequences: list[list[int]]) -> torch.Tensor:
+    graph = ScorerGraph(model, *label_ids(tokenizer_file)).eval()
+    out = []
+    with torch.no_grad():
+        for sequence in sequences:
+            ids, mask = pad_batch([sequence], len(sequence))
+            out.append(graph(torch.from_numpy(ids), torch.from_numpy(mask)).ravel())
+    return torch.cat(out)
