@@ -20,6 +20,7 @@ from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
 from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
 
+from ..core import ServiceCore
 from ..errors import DeadlineExceeded, InternalError, ServingError, Unavailable
 from ..health import ModelHealthWatcher
 from .validation import effective_top_k, validate_score_request
@@ -47,8 +48,10 @@ class Chunk:
     attention_mask: np.ndarray
 
 
-class ScoringCore:
+class ScoringCore(ServiceCore):
     """Scores candidates through Triton; owns the health watcher of its model."""
+
+    service_name = SERVICE_NAME
 
     def __init__(
         self,
@@ -60,18 +63,8 @@ class ScoringCore:
         watcher: ModelHealthWatcher | None = None,
         metrics: ScoringMetrics | None = None,
     ):
-        self.bundle = bundle
+        super().__init__(bundle, client, config, watcher=watcher, metrics=metrics)
         self.tokenizer = tokenizer
-        self.client = client
-        self.config = config
-        self.metrics = metrics
-        self.watcher = watcher or ModelHealthWatcher(
-            client,
-            bundle.content_hash,
-            model_label=f"model {bundle.model_name!r} version {bundle.model_version}",
-            interval_s=config.health_poll_interval_s,
-            service_names=(SERVICE_NAME,),
-        )
         chunk = config.triton_chunk_size
         self.chunk_size = min(chunk, bundle.max_batch_size) if bundle.max_batch_size > 0 else chunk
 
@@ -106,10 +99,6 @@ class ScoringCore:
             tensors=bundle.tensors,
         )
         return cls(bundle, tokenizer, client, config, metrics=metrics)
-
-    def check_serving(self) -> None:
-        """Refuse at once when the model is not ready or carries another bundle."""
-        self.watcher.check_serving(self.bundle.model_name)
 
     async def score(
         self,
@@ -200,11 +189,6 @@ class ScoringCore:
                 f"model returned {result.scores.shape} scores for a batch of {len(chunk.indices)}"
             )
         return result
-
-    async def close(self) -> None:
-        """Stop the health watcher and close the Triton client."""
-        await self.watcher.stop()
-        await self.client.close()
 
 
 def critical_path_timings(results: list[InferResult]) -> tuple[float, float]:

@@ -1,0 +1,48 @@
+"""What every service core shares: its serving bundle, Triton client, config, metrics and model health.
+
+A core holds the plain-typed logic of one service; the servicer converts protobuf around it and the
+``ServiceServer`` runs it. The health watcher polls the bundle's model; ``check_serving`` refuses a
+request at once while the model is not ready or carries another bundle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .health import ModelHealthWatcher
+
+
+class ServiceCore:
+    """Base of the service cores; ``bundle`` needs ``model_name``, ``model_version``, ``content_hash``."""
+
+    service_name = ""  # the full proto service name, e.g. "slimserve.v1.ScoringService"
+
+    def __init__(
+        self,
+        bundle: Any,
+        client: Any,
+        config: Any,
+        *,
+        watcher: ModelHealthWatcher | None = None,
+        metrics: Any | None = None,
+    ):
+        self.bundle = bundle
+        self.client = client
+        self.config = config
+        self.metrics = metrics
+        self.watcher = watcher or ModelHealthWatcher(
+            client,
+            bundle.content_hash,
+            model_label=f"model {bundle.model_name!r} version {bundle.model_version}",
+            interval_s=config.health_poll_interval_s,
+            service_names=(self.service_name,),
+        )
+
+    def check_serving(self) -> None:
+        """Refuse at once when the model is not ready or carries another bundle."""
+        self.watcher.check_serving(self.bundle.model_name)
+
+    async def close(self) -> None:
+        """Stop the health watcher and close the Triton client."""
+        await self.watcher.stop()
+        await self.client.close()

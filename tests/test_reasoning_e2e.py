@@ -1,0 +1,331 @@
+"""ReasoningService end to end on the real Triton binary with the tiny generator repository.
+
+The tiny generator is a random 2-layer Llama with SmolLM2's tokenizer: its text is gibberish, but it is
+the real export (ONNX decoder with KV cache), the real decoupled python-backend model with
+iteration-level batching, and real token streams. Sampled requests (temperature 1, seeded) decode about
+1 ms per token here, so a 512-token request runs long enough to be cancelled in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import tritonclient.grpc.aio as triton_aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tokenizers import Tokenizer
+
+from slimserve.bundle import TOKENIZER_FILE
+from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+from slimserve.generation_bundle import generation_bundle_dir
+from slimserve.prompts import render_explain_request
+from slimserve.reasoning_client import build_options, explain_request, generate_request
+from slimserve.serving.convert import item_to_proto, member_to_proto
+from slimserve.serving.reasoning.config import ReasoningServiceConfig
+from slimserve.serving.reasoning.server import ReasoningServer
+from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient
+from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
+from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+LONG = 512  # tokens of a request meant to be still running when it is cancelled (the model's limit)
+ITEM = example_candidates(3)[1]
+
+
+@pytest.fixture(scope="module")
+def generator_repository(tmp_path_factory) -> Path:
+    from slimserve.export.generator_repository import build_tiny_generator_repository
+
+    repository = tmp_path_factory.mktemp("generator") / "model_repository"
+    build_tiny_generator_repository(repository, max_active_sequences=4, max_queued_requests=8)
+    return repository
+
+
+def start_generator_triton(repository: Path, load: bool = True) -> TritonServer:
+    config = TritonServerConfig(
+        model_repository=repository,
+        model_control_mode="explicit",
+        load_models=("generator",) if load else (),
+        startup_timeout_s=120,
+    )
+    return TritonServer(config).start()
+
+
+@pytest.fixture(scope="module")
+def triton(generator_repository):
+    server = start_generator_triton(generator_repository)
+    yield server
+    server.stop()
+
+
+def service_config(repository: Path, triton_url: str, **overrides) -> ReasoningServiceConfig:
+    values = dict(
+        port=0,
+        metrics_port=-1,
+        triton_url=triton_url,
+        model_repository=repository,
+        health_poll_interval_s=0.2,
+        drain_grace_s=10,
+    )
+    return ReasoningServiceConfig(**{**values, **overrides})
+
+
+@pytest.fixture
+async def service(generator_repository, triton):
+    server = ReasoningServer(service_config(generator_repository, triton.grpc_url))
+    await server.start()
+    assert await server.core.watcher.wait_until_ready(timeout=30)
+    yield server
+    await server.stop(grace=1)
+
+
+@pytest.fixture
+async def stub(service):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+        yield reasoning_pb2_grpc.ReasoningServiceStub(channel)
+
+
+def tokenizer_of(repository: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(generation_bundle_dir(repository) / TOKENIZER_FILE))
+
+
+async def collect(call) -> tuple[list[reasoning_pb2.TextChunk], str, reasoning_pb2.GenerationMetadata]:
+    chunks = [chunk async for chunk in call]
+    assert [c.index for c in chunks] == list(range(len(chunks))), "chunks out of order"
+    assert all(not c.HasField("metadata") for c in chunks[:-1]) and chunks[-1].HasField("metadata")
+    return chunks, "".join(c.text for c in chunks), chunks[-1].metadata
+
+
+def sampled(max_tokens: int = LONG, seed: int = 1, stop: tuple[str, ...] = ()):
+    return build_options(max_tokens=max_tokens, temperature=1.0, seed=seed, stop=stop)
+
+
+def generator_metric(triton: TritonServer, finish_reason: str) -> float:
+    text = urllib.request.urlopen(triton.metrics_url, timeout=5).read().decode()
+    pattern = rf'^slimserve_generator_requests_total{{[^}}]*finish_reason="{finish_reason}"[^}}]*}} (\S+)$'
+    match = re.search(pattern, text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+async def wait_for_metric(triton: TritonServer, finish_reason: str, at_least: float, timeout_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while (value := generator_metric(triton, finish_reason)) < at_least:
+        assert time.monotonic() < deadline, f"{finish_reason} requests stayed at {value}, expected {at_least}"
+        await asyncio.sleep(0.05)
+
+
+async def test_explain_streams_the_models_greedy_text_in_order(generator_repository, stub, service):
+    from slimserve.export.generator_parity import onnx_greedy
+
+    request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=24))
+    _, text, meta = await collect(stub.Explain(request, timeout=30))
+    prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
+    onnx_path = generation_bundle_dir(generator_repository).parent / "model.onnx"
+    (greedy,) = onnx_greedy(onnx_path, [prompt_ids], meta.tokens_generated)
+    assert text == tokenizer_of(generator_repository).decode(greedy, skip_special_tokens=True)
+    assert meta.prompt_tokens == len(prompt_ids)
+    assert meta.finish_reason in (reasoning_pb2.FINISH_REASON_LENGTH, reasoning_pb2.FINISH_REASON_STOP)
+    if meta.finish_reason == reasoning_pb2.FINISH_REASON_LENGTH:
+        assert meta.tokens_generated == 24
+    assert meta.response.model_name == "generator" and meta.response.model_version == "1"
+    assert meta.response.bundle_hash == service.core.bundle.content_hash
+    assert len(meta.response.request_id) == 32
+    assert 0 < meta.time_to_first_token_ms <= meta.response.total_ms
+
+
+async def test_sampled_chunks_concatenate_to_the_models_tokens_decoded_at_once(
+    generator_repository, triton, stub, service
+):
+    prompt = "Write a haiku about gRPC streams."
+    _, text, meta = await collect(stub.Generate(generate_request(prompt, sampled(200, seed=7)), timeout=30))
+    # The same request straight to Triton: its tokens, decoded in one go.
+    client = TritonGeneratorClient(triton.grpc_url, model_name="generator", model_version="1")
+    try:
+        ids = service.core.encode(prompt)
+        request = GenerationRequest(ids, max_tokens=200, temperature=1.0, seed=7)
+        tokens = [t async for step in client.generate(request, timeout_s=30) for t in step.token_ids]
+    finally:
+        await client.close()
+    assert meta.tokens_generated == len(tokens) > 0
+    assert text == tokenizer_of(generator_repository).decode(tokens, skip_special_tokens=True)
+    assert len(text) > 100 and meta.tokens_per_second > 0
+    _, again, _ = await collect(stub.Generate(generate_request(prompt, sampled(200, seed=7)), timeout=30))
+    assert again == text  # same seed, same text
+
+
+async def test_stop_string_cuts_the_text_and_cancels_the_model_request(triton, stub):
+    prompt = "Tell me about Berlin."
+    _, full, _ = await collect(stub.Generate(generate_request(prompt, sampled(120, seed=3)), timeout=30))
+    stop = full[40:46]
+    cut = full.index(stop)
+    cancelled_before = generator_metric(triton, "cancelled")
+    request = generate_request(prompt, sampled(LONG, seed=3, stop=("never-appears", stop)))
+    started = time.monotonic()
+    _, text, meta = await collect(stub.Generate(request, timeout=30))
+    assert text == full[:cut]
+    assert meta.finish_reason == reasoning_pb2.FINISH_REASON_STOP_STRING and meta.stop_string == stop
+    assert meta.tokens_generated < LONG
+    await wait_for_metric(triton, "cancelled", cancelled_before + 1)
+    assert time.monotonic() - started < 30
+
+
+async def test_cancelling_one_stream_keeps_the_others_and_frees_its_slot(triton, stub):
+    """4 slots: 4 long streams fill them, one is cancelled after its first chunk; the other 3 finish with
+    exactly the text they produce alone, and a 5th request starts at once in the freed slot."""
+    prompts = [f"Story {i}: once upon a time" for i in range(4)]
+    alone = []
+    for i in (1, 2, 3):
+        _, text, _ = await collect(stub.Generate(generate_request(prompts[i], sampled(seed=i)), timeout=30))
+        alone.append(text)
+    cancelled_before = generator_metric(triton, "cancelled")
+    victim = stub.Generate(generate_request(prompts[0], sampled(seed=0)), timeout=30)
+    others = [
+        asyncio.ensure_future(
+            collect(stub.Generate(generate_request(prompts[i], sampled(seed=i)), timeout=30))
+        )
+        for i in (1, 2, 3)
+    ]
+    first = await victim.read()
+    assert first.text or first.index == 0
+    victim.cancel()
+    await wait_for_metric(triton, "cancelled", cancelled_before + 1)
+    # The freed slot admits a new request while the others are still generating.
+    newcomer = stub.Generate(generate_request("Hello", sampled(8, seed=9)), timeout=30)
+    newcomer_first = await newcomer.read()
+    assert not any(task.done() for task in others), "the others finished before the newcomer started"
+    assert newcomer_first.index == 0
+    results = await asyncio.gather(*others)
+    assert [text for _, text, _ in results] == alone
+    assert all(meta.tokens_generated == LONG for _, _, meta in results)
+    assert await victim.code() == grpc.StatusCode.CANCELLED
+
+
+async def test_deadline_ends_the_stream_and_the_model_request(triton, stub):
+    cancelled_before = generator_metric(triton, "cancelled")
+    call = stub.Generate(generate_request("A long story", sampled(LONG, seed=11)), timeout=0.3)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(call)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await wait_for_metric(triton, "cancelled", cancelled_before + 1)
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (generate_request(""), "prompt"),
+        (generate_request("hi", build_options(max_tokens=513)), "options.max_tokens"),
+        (generate_request("hi", build_options(temperature=2.5)), "options.temperature"),
+        (generate_request("hi", build_options(top_p=0.0)), "options.top_p"),
+        (generate_request("hi", build_options(stop=["a", "b", "c", "d", "e"])), "options.stop"),
+        (generate_request("hi", build_options(stop=["x" * 65])), "options.stop[0]"),
+        (generate_request("word " * 700, build_options(max_tokens=500)), "options.max_tokens"),
+        (generate_request("word " * 1500), "prompt"),
+        (reasoning_pb2.ExplainRequest(item=item_to_proto(ITEM)), "member"),
+        (reasoning_pb2.ExplainRequest(member=member_to_proto(EXAMPLE_MEMBER)), "item"),
+    ],
+)
+async def test_bad_input_is_invalid_argument_naming_the_field(stub, request_, field):
+    method = stub.Explain if isinstance(request_, reasoning_pb2.ExplainRequest) else stub.Generate
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await collect(method(request_, timeout=10))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith(f"{field}: "), info.value.details()
+    _, _, meta = await collect(stub.Generate(generate_request("still there?", build_options(max_tokens=4))))
+    assert meta.tokens_generated >= 1  # the service answers the next good request
+
+
+async def health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return reply.status
+
+
+async def wait_for_health(port: int, status: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await health(port) != status:
+        assert time.monotonic() < deadline, f"health did not become {status}"
+        await asyncio.sleep(0.1)
+
+
+async def test_health_is_not_serving_until_the_generator_is_ready(generator_repository):
+    triton = start_generator_triton(generator_repository, load=False)
+    server = ReasoningServer(service_config(generator_repository, triton.grpc_url))
+    try:
+        await server.start()
+        await asyncio.sleep(0.5)
+        assert await health(server.port) == NOT_SERVING
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = reasoning_pb2_grpc.ReasoningServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await collect(stub.Generate(generate_request("hi"), timeout=5))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            control = triton_aio.InferenceServerClient(triton.grpc_url)
+            try:
+                await control.load_model("generator")
+            finally:
+                await control.close()
+            await wait_for_health(server.port, SERVING)
+            _, _, meta = await collect(stub.Generate(generate_request("hi", build_options(max_tokens=4))))
+            assert meta.tokens_generated >= 1
+    finally:
+        await server.stop(grace=1)
+        triton.stop()
+
+
+async def test_sigterm_drains_a_running_stream(generator_repository, triton):
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "slimserve.cli",
+        "serve-reasoning",
+        "--port",
+        str(port),
+        "--metrics-port",
+        "-1",
+        "--triton-url",
+        triton.grpc_url,
+        "--model-repository",
+        str(generator_repository),
+        "--health-poll-interval-s",
+        "0.2",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if await health(port) == SERVING:
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            assert time.monotonic() < deadline, "serve-reasoning did not become healthy"
+            await asyncio.sleep(0.2)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = reasoning_pb2_grpc.ReasoningServiceStub(channel)
+            call = stub.Generate(generate_request("Drain me", sampled(LONG, seed=5)), timeout=30)
+            chunks = [await call.read()]
+            process.send_signal(signal.SIGTERM)
+            while (chunk := await call.read()) is not grpc.aio.EOF:
+                chunks.append(chunk)
+        meta = chunks[-1].metadata  # the stream ended normally, long after SIGTERM
+        assert meta.finish_reason in (reasoning_pb2.FINISH_REASON_LENGTH, reasoning_pb2.FINISH_REASON_STOP)
+        assert meta.tokens_generated > 100
+        assert [c.index for c in chunks] == list(range(len(chunks)))
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = process.stdout.read()
+    assert "draining" in output and "stopped" in output
