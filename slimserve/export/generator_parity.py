@@ -48,24 +48,29 @@ def encode_prompts(tokenizer_file: Path, prompts: Sequence[str]) -> list[list[in
     return [encoding.ids for encoding in tokenizer.encode_batch(list(prompts), add_special_tokens=False)]
 
 
+def _cache_keyword(model) -> str:
+    """The forward argument carrying the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def torch_greedy(model, sequences: Sequence[Sequence[int]], new_tokens: int) -> list[list[int]]:
     """Greedy tokens from the PyTorch model, one prompt at a time, with its own KV cache."""
     import torch
 
+    keyword = _cache_keyword(model)
     outputs = []
     with torch.no_grad():
         for prompt in sequences:
-            result = model(input_ids=torch.tensor([list(prompt)]), use_cache=True)
+            result = model(input_ids=torch.tensor([list(prompt)]), use_cache=True, logits_to_keep=1)
             tokens = []
             for step in range(new_tokens):
                 token = int(result.logits[0, -1].argmax())
                 tokens.append(token)
                 if step + 1 < new_tokens:
-                    result = model(
-                        input_ids=torch.tensor([[token]]),
-                        past_key_values=result.past_key_values,
-                        use_cache=True,
-                    )
+                    cache = {keyword: getattr(result, keyword)}
+                    result = model(input_ids=torch.tensor([[token]]), use_cache=True, **cache)
             outputs.append(tokens)
     return outputs
 

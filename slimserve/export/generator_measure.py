@@ -1,0 +1,114 @@
+"""Measure an exported generator in-process: greedy parity per precision and single-stream decode speed.
+
+``python -m slimserve.export.generator_measure --teacher default --precisions fp32 int8 int4`` builds each
+graph with the export path, compares its greedy tokens with PyTorch on explanation prompts, and times
+greedy decoding through the Triton model's ``BatchEngine`` (one stream; then all prompts as one batch).
+Prints one JSON document. Speeds are measurements of this machine, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..cache import cache_dir
+from .generator_export import PRECISIONS, build_decoder_onnx, save_hf_model
+from .generator_parity import compare_greedy, encode_prompts, explanation_prompts, onnx_greedy, torch_greedy
+
+log = logging.getLogger(__name__)
+
+
+def _single_stream(engine, request) -> dict:
+    """Time one greedy stream alone: prefill (time to first token) and the decode steps after it."""
+    started = time.perf_counter()
+    engine.start(0, request)
+    first = time.perf_counter()
+    steps = 0
+    while engine.active:
+        engine.step()
+        steps += 1
+    decode_s = time.perf_counter() - first
+    return {"ttft_s": first - started, "decode_tokens": steps, "decode_s": decode_s}
+
+
+def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) -> dict:
+    """Single-stream decode tokens/s (mean over ``streams`` prompts) and the batched rate over all prompts."""
+    from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder, generate
+
+    engine = BatchEngine(OnnxDecoder(onnx_path), eos_token_ids=())
+    requests = [GenerationRequest(tuple(s), new_tokens) for s in sequences]
+    _single_stream(engine, GenerationRequest(tuple(sequences[0]), 4))  # warm up
+    runs = [_single_stream(engine, request) for request in requests[:streams]]
+    tokens = sum(r["decode_tokens"] for r in runs)
+    started = time.perf_counter()
+    generate(engine, requests)
+    batched_s = time.perf_counter() - started
+    return {
+        "single_stream_decode_tokens_per_s": tokens / sum(r["decode_s"] for r in runs),
+        "single_stream_ttft_s": sum(r["ttft_s"] for r in runs) / len(runs),
+        f"batch{len(requests)}_tokens_per_s": len(requests) * new_tokens / batched_s,
+    }
+
+
+def torch_speed(model, sequence, new_tokens: int) -> dict:
+    """Greedy decode tokens/s of PyTorch (HF KV cache) on one prompt, prefill included."""
+    started = time.perf_counter()
+    torch_greedy(model, [sequence], new_tokens)
+    return {"tokens_per_s_with_prefill": new_tokens / (time.perf_counter() - started)}
+
+
+def measure(teacher: str, precisions, prompts: int, new_tokens: int) -> dict:
+    from .teacher import load_teacher
+
+    loaded = load_teacher(teacher)
+    sequences = encode_prompts(loaded.tokenizer_file, explanation_prompts(prompts))
+    result: dict = {
+        "teacher": loaded.name,
+        "prompts": len(sequences),
+        "prompt_tokens": [len(s) for s in sequences],
+        "new_tokens": new_tokens,
+    }
+    started = time.perf_counter()
+    reference = torch_greedy(loaded.model, sequences, new_tokens)
+    result["torch_reference_s"] = time.perf_counter() - started
+    result["torch"] = torch_speed(loaded.model, sequences[0], new_tokens)
+    with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-measure-") as tmp:
+        hf_dir = save_hf_model(loaded.model, Path(tmp) / "hf", loaded.tokenizer_file)
+        for precision in precisions:
+            graph = build_decoder_onnx(hf_dir, Path(tmp) / precision, precision)
+            parity = compare_greedy(reference, onnx_greedy(graph.onnx_path, sequences, new_tokens))
+            result[precision] = {
+                "build_s": graph.seconds,
+                "onnx_mb": graph.size_bytes / 1e6,
+                "parity": parity.as_dict(),
+                **decode_speed(graph.onnx_path, sequences, new_tokens),
+            }
+            log.info("%s: %s", precision, json.dumps(result[precision]))
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teacher", default="default", help="'default', 'tiny' or a HF model directory")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--prompts", type=int, default=8, help="explanation prompts")
+    parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens)
+    result["command"] = shlex.join(
+        ["python", "-m", "slimserve.export.generator_measure", *(argv or sys.argv[1:])]
+    )
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

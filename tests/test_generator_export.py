@@ -1,0 +1,206 @@
+"""Generator export: batching engine parts, request checks, greedy parity, and the published repository."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from slimserve.bundle import BUNDLE_HASH_PARAMETER
+from slimserve.export.generator_parity import (
+    compare_greedy,
+    encode_prompts,
+    explanation_prompts,
+    onnx_greedy,
+    torch_greedy,
+)
+from slimserve.export.generator_repository import (
+    REPORT_FILE,
+    build_tiny_generator_repository,
+    publish_generator,
+)
+from slimserve.export.onnx_export import ExportError
+from slimserve.export.repository import list_versions
+from slimserve.export.teacher import load_teacher
+from slimserve.export.triton_config import parse_config_pbtxt
+from slimserve.generation_bundle import load_generation_bundle
+from slimserve.triton_models.generator import (
+    BatchEngine,
+    GenerationRequest,
+    KVBatch,
+    Limits,
+    OnnxDecoder,
+    RequestError,
+    Sampler,
+    parse_request,
+)
+
+LIMITS = Limits(vocab_size=100, max_context=64, max_new_tokens_limit=32)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_teacher("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """The tiny generator repository (real builder, parity gate and publish)."""
+    repository = tmp_path_factory.mktemp("repo")
+    return repository, build_tiny_generator_repository(repository)
+
+
+def test_kv_batch_right_pads_rows_and_drops_columns_no_row_needs():
+    batch = KVBatch(["k"])
+    batch.append({"k": np.ones((1, 2, 3, 4), np.float32)}, 3)
+    batch.append({"k": np.full((1, 2, 5, 4), 2, np.float32)}, 5)
+    assert batch.rows == 2 and batch.width == 5
+    np.testing.assert_array_equal(batch.cache["k"][0, :, 3:], 0)  # row 0 padded on the right
+    np.testing.assert_array_equal(batch.step_mask(), [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    batch.keep([0])
+    assert batch.width == 3 and batch.lengths.tolist() == [3]
+    batch.keep([])
+    assert batch.rows == 0 and batch.cache is None
+
+
+def test_sampler_greedy_seeded_and_top_p():
+    logits = np.array([0.0, 3.0, 2.9, -1.0], np.float32)
+    assert Sampler()(logits) == 1
+    draws = [Sampler(1.0, 1.0, seed=5)(logits) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same choice
+    rng_draws = Sampler(1.0, 1.0, seed=1)
+    assert {rng_draws(logits) for _ in range(200)} >= {1, 2}
+    narrow = Sampler(1.0, 0.01, seed=3)
+    assert {narrow(logits) for _ in range(50)} == {1}  # top-p keeps only the most likely token
+
+
+@pytest.mark.parametrize(
+    ("tensors", "field"),
+    [
+        ({"max_tokens": np.array([4], np.int32)}, "input_ids"),
+        ({"input_ids": np.array([], np.int64), "max_tokens": np.array([4], np.int32)}, "input_ids"),
+        ({"input_ids": np.array([1, 2], np.int64)}, "max_tokens"),
+        ({"input_ids": np.array([1, 2], np.int64), "max_tokens": np.array([33], np.int32)}, "max_tokens"),
+        ({"input_ids": np.arange(60, dtype=np.int64), "max_tokens": np.array([8], np.int32)}, "input_ids"),
+        ({"input_ids": np.array([1, 100], np.int64), "max_tokens": np.array([4], np.int32)}, "input_ids"),
+        (
+            {
+                "input_ids": np.array([1], np.int64),
+                "max_tokens": np.array([4], np.int32),
+                "top_p": np.array([1.5], np.float32),
+            },
+            "top_p",
+        ),
+        (
+            {
+                "input_ids": np.array([1], np.int64),
+                "max_tokens": np.array([4], np.int32),
+                "temperature": np.array([np.nan], np.float32),
+            },
+            "temperature",
+        ),
+    ],
+)
+def test_parse_request_names_the_bad_field(tensors, field):
+    with pytest.raises(RequestError, match=repr(field)):
+        parse_request(tensors, LIMITS)
+
+
+def test_parse_request_defaults():
+    request = parse_request(
+        {
+            "input_ids": np.array([3, 4], np.int64),
+            "max_tokens": np.array([5], np.int32),
+            "stop_token_ids": np.array([7]),
+        },
+        LIMITS,
+    )
+    assert request == GenerationRequest((3, 4), 5, 0.0, 1.0, None, frozenset({7}))
+
+
+def test_compare_greedy_reports_agreement():
+    parity = compare_greedy([[1, 2, 3, 4], [5, 6, 7, 8]], [[1, 2, 3, 4], [5, 9, 7, 8]])
+    assert not parity.identical and parity.identical_sequences == 1
+    assert parity.token_agreement == pytest.approx(7 / 8)
+    assert parity.prefix_agreement == pytest.approx((1 + 1 / 4) / 2)
+
+
+def test_published_repository_is_complete_and_consistent(published):
+    repository, version_dir = published
+    assert version_dir == repository / "generator" / "1"
+    config = parse_config_pbtxt((repository / "generator" / "config.pbtxt").read_text())
+    assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
+    optional = {t.name for t in config.input if t.optional}
+    assert optional == {"temperature", "top_p", "seed", "stop_token_ids"}
+    bundle = load_generation_bundle(version_dir / "bundle")
+    assert bundle.template_version == "explain-v1" and set(bundle.eos_token_ids) >= {0, 2}
+    assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash
+    report = json.loads((version_dir / REPORT_FILE).read_text())
+    assert report["parity_fp32"]["identical"] is True
+    assert (version_dir / "model.py").read_text().startswith('"""Triton python-backend model ``generator``')
+
+
+def test_engine_with_staggered_joins_matches_pytorch(published, tiny):
+    """Sequences joining a running batch at different steps decode exactly as they do alone."""
+    _, version_dir = published
+    prompts = encode_prompts(tiny.tokenizer_file, explanation_prompts(3))
+    prompts = [prompts[0], prompts[1][:90], prompts[2][:41]]
+    expected = torch_greedy(tiny.model, prompts, 10)
+    engine = BatchEngine(OnnxDecoder(version_dir / "model.onnx", 1), eos_token_ids=())
+    tokens = {index: [] for index in range(3)}
+    joins = {0: 0, 3: 1, 5: 2}  # step -> prompt joining before it
+    step = 0
+    while step < 40 and (engine.active or step <= max(joins)):
+        if step in joins:
+            event = engine.start(joins[step], GenerationRequest(tuple(prompts[joins[step]]), 10))
+            tokens[event.key].append(event.token)
+        for event in engine.step():
+            tokens[event.key].append(event.token)
+        step += 1
+    assert [tokens[i] for i in range(3)] == expected
+    assert engine.stats.tokens == 30 and engine.stats.steps < 30
+
+
+def test_parity_failure_publishes_nothing(tmp_path, tiny):
+    """A model whose PyTorch output the graph cannot reproduce (a forward hook) fails the export."""
+    hook = tiny.model.lm_head.register_forward_hook(
+        lambda module, args, out: out + 100.0 * (out == out.amax(-1, keepdim=True)).roll(1, -1)
+    )
+    try:
+        with pytest.raises(ExportError, match="parity failed"):
+            publish_generator(
+                tiny.model,
+                tiny.tokenizer_file,
+                tmp_path / "repo",
+                quantize=None,
+                prompts=explanation_prompts(1),
+                parity_tokens=4,
+            )
+    finally:
+        hook.remove()
+    assert list_versions(tmp_path / "repo", "generator") == []
+
+
+def test_onnx_greedy_matches_pytorch_for_prompts_of_different_lengths(published, tiny):
+    _, version_dir = published
+    prompts = [[5, 17, 99], [8, 1000, 3, 44, 7, 12, 19], list(range(100, 160))]
+    assert onnx_greedy(version_dir / "model.onnx", prompts, 6) == torch_greedy(tiny.model, prompts, 6)
+
+
+@pytest.mark.slow
+def test_packaged_teacher_exports_with_parity_and_int8(tmp_path):
+    """SmolLM2-135M: FP32 greedy parity on explanation prompts, then the INT8 graph published."""
+    teacher = load_teacher("default")
+    version_dir = publish_generator(
+        teacher.model,
+        teacher.tokenizer_file,
+        tmp_path / "repo",
+        quantize="int8",
+        source_model=teacher.name,
+        parity_tokens=16,
+    )
+    report = json.loads((version_dir / REPORT_FILE).read_text())
+    assert report["parity_fp32"]["identical"] is True
+    assert 0.0 <= report["agreement_quantized"]["token_agreement"] <= 1.0
+    assert load_generation_bundle(version_dir / "bundle").precision == "int8"
