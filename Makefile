@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install up test test-fast lint protos
+.PHONY: install up test test-fast lint protos images
 
 install:
 	@./scripts/install.sh
@@ -21,3 +21,7 @@ lint: install
 
 protos: install
 	$(PY) -m slimserve.protos_gen
+
+# CPU images (service, Triton) built with podman, then the smoke check: kube play of the cpu overlay, one Score.
+images: install
+	./scripts/images.sh

@@ -56,6 +56,9 @@ CHANNEL_ARGS = [
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 2),
+    # A DNS name with several addresses (a Kubernetes headless Service over the Triton pods) spreads the
+    # requests over all of them; with one address it behaves as the default (pick_first).
+    ("grpc.lb_policy_name", "round_robin"),
 ]
 DEFAULT_CONTROL_TIMEOUT_S = 5.0
 DEFAULT_TENSORS = TensorNames()
