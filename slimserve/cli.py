@@ -165,7 +165,9 @@ def _add_reasoning(sub) -> None:
 # -- up -----------------------------------------------------------------------------------------------
 def _add_up(sub) -> None:
     parser = sub.add_parser(
-        "up", help="export if needed, start Triton and the scoring service, answer a sample request, serve"
+        "up",
+        help="export if needed, start Triton and the services (reasoning too when a generator is published), "
+        "answer sample requests, serve",
     )
     parser.add_argument(
         "--recipe", help="when nothing is published: build this recipe (tiny, cpu, gpu or a YAML file)"
@@ -190,6 +192,10 @@ def _add_up(sub) -> None:
     )
     parser.add_argument("--triton-metrics-port", dest="metrics_port_triton", type=int, default=0)
     parser.add_argument("--startup-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--reasoning-port", type=int, default=50052, help="gRPC port of the reasoning service (0: free)"
+    )
+    parser.add_argument("--reasoning-metrics-port", type=int, default=9091, help="its Prometheus port")
     parser.add_argument("--no-sample", action="store_true", help="skip the sample request")
     parser.add_argument("--exit-after-sample", action="store_true", help="stop after the sample request")
     parser.set_defaults(handler=_run_up)
@@ -214,6 +220,8 @@ def _run_up(args: argparse.Namespace) -> int:
         startup_timeout_s=args.startup_timeout,
         sample=not args.no_sample,
         exit_after_sample=args.exit_after_sample,
+        reasoning_port=args.reasoning_port,
+        reasoning_metrics_port=args.reasoning_metrics_port,
     )
     return run_up(options)
 

@@ -1,8 +1,9 @@
-"""``slimserve up``: export the scorer if none is published, start Triton and the service, demo, serve.
+"""``slimserve up``: export the scorer if none is published, start Triton and the services, demo, serve.
 
 The one command of the README's quick start. Triton runs as a child process (or is reached at
-``--triton-url``); the scoring service runs in this process. Ctrl-C or SIGTERM drains the service,
-then stops Triton, leaving no process behind.
+``--triton-url``); the scoring service runs in this process, and so does the reasoning service when the
+repository also holds a ``generator`` model. Ctrl-C or SIGTERM drains the services, then stops Triton,
+leaving no process behind.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class UpOptions:
     startup_timeout_s: float = 300.0
     sample: bool = True
     exit_after_sample: bool = False
+    generator_name: str = "generator"  # served by the reasoning service when published in the repository
+    reasoning_port: int = 50052
+    reasoning_metrics_port: int = 9091
 
 
 def ensure_exported(options: UpOptions) -> Path:
@@ -97,7 +101,24 @@ def _build(options: UpOptions) -> Path:
     return bundle_dir_for(options.model_repository, options.model_name, result.published.version)
 
 
-def _start_triton(options: UpOptions):
+def published_generator(options: UpOptions) -> Path | None:
+    """The bundle directory of the latest published generator, or None when the repository has none."""
+    from .generation_bundle import generation_bundle_dir, load_generation_bundle
+
+    try:
+        directory = generation_bundle_dir(options.model_repository, options.generator_name)
+        bundle = load_generation_bundle(directory)
+    except BundleError as exc:
+        if (options.model_repository / options.generator_name).exists():
+            log.warning("not serving %r: %s", options.generator_name, exc)
+        return None
+    log.info(
+        "using published %s version %d (%s)", bundle.model_name, bundle.model_version, bundle.source_model
+    )
+    return directory
+
+
+def _start_triton(options: UpOptions, models: tuple[str, ...]):
     from .serving.triton.launcher import TritonServer, TritonServerConfig
 
     server = TritonServer(
@@ -107,7 +128,7 @@ def _start_triton(options: UpOptions):
             http_port=options.triton_http_port,
             metrics_port=options.triton_metrics_port,
             model_control_mode="explicit",
-            load_models=(options.model_name,),
+            load_models=models,
             startup_timeout_s=options.startup_timeout_s,
         )
     )
@@ -122,7 +143,48 @@ def _start_triton(options: UpOptions):
     return server
 
 
-async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
+async def _start_reasoning(options: UpOptions, triton_url: str, generator_dir: Path):
+    """Start the reasoning service on the generator and wait until it serves."""
+    from .serving.reasoning.config import ReasoningServiceConfig
+    from .serving.reasoning.server import ReasoningServer
+
+    config = ReasoningServiceConfig(
+        host=options.host,
+        port=options.reasoning_port,
+        metrics_port=options.reasoning_metrics_port,
+        triton_url=triton_url,
+        bundle_dir=generator_dir,
+    )
+    server = ReasoningServer(config)
+    try:
+        port = await server.start()
+        if not await server.core.watcher.wait_until_ready(timeout=options.startup_timeout_s):
+            raise StageError(f"reasoning service not ready: {server.core.watcher.last_error}")
+    except BaseException:
+        await server.stop(grace=0)
+        raise
+    print(f"ReasoningService on {options.host}:{port} (metrics :{server.metrics_port})")  # noqa: T201
+    return server
+
+
+async def _sample_explanation(target: str) -> None:
+    """Stream one explanation for the example member and job to the terminal."""
+    from .examples import EXAMPLE_MEMBER, example_candidates
+    from .reasoning_client import build_options, explain_request, format_metadata
+    from .v1 import reasoning_pb2_grpc
+
+    item = example_candidates(1)[0]
+    print(f"\nSample explanation: why {item.title} at {item.company} for the example member:\n")  # noqa: T201
+    request = explain_request(EXAMPLE_MEMBER, item, build_options(max_tokens=64))
+    async with grpc.aio.insecure_channel(target) as channel:
+        async for chunk in reasoning_pb2_grpc.ReasoningServiceStub(channel).Explain(request, timeout=120):
+            print(chunk.text, end="", flush=True)  # noqa: T201
+            if chunk.HasField("metadata"):
+                print(f"\n\n{format_metadata(chunk.metadata)}")  # noqa: T201
+    print(f"\nTry: slimserve explain --target {target}")  # noqa: T201
+
+
+async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generator_dir: Path | None) -> int:
     from .client import build_request, format_ranking
     from .examples import EXAMPLE_MEMBER, example_candidates
     from .serving.config import ScoringServiceConfig
@@ -137,6 +199,7 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
         bundle_dir=bundle_dir,
     )
     server = ScoringServer(config)
+    reasoning = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -147,6 +210,8 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
             raise StageError(f"scoring service not ready: {server.core.watcher.last_error}")
         target = f"{options.host}:{port}"
         print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
+        if generator_dir is not None:
+            reasoning = await _start_reasoning(options, triton_url, generator_dir)
         if options.sample:
             candidates = example_candidates(10)
             async with grpc.aio.insecure_channel(target) as channel:
@@ -155,6 +220,8 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
             print("\nSample request: rank 10 jobs for the example member, top 5:")  # noqa: T201
             print(format_ranking(response, candidates))  # noqa: T201
             print(f"\nTry: slimserve score --target {target}")  # noqa: T201
+        if options.sample and reasoning is not None:
+            await _sample_explanation(f"{options.host}:{reasoning.port}")
         if not options.exit_after_sample:
             print("Serving; Ctrl-C to stop.")  # noqa: T201
             await stop.wait()
@@ -162,19 +229,21 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
-        await server.stop()
+        await asyncio.gather(server.stop(), *([reasoning.stop()] if reasoning else []))
 
 
 def run_up(options: UpOptions) -> int:
-    """Export if needed, start Triton (unless external), run the service until stopped."""
+    """Export if needed, start Triton (unless external), run the services until stopped."""
     from .serving.server import configure_logging
 
     configure_logging("INFO")
     bundle_dir = ensure_exported(options)
-    triton = None if options.triton_url else _start_triton(options)
+    generator_dir = published_generator(options)
+    models = (options.model_name,) + ((options.generator_name,) if generator_dir else ())
+    triton = None if options.triton_url else _start_triton(options, models)
     try:
         triton_url = options.triton_url or triton.grpc_url
-        return asyncio.run(_serve(options, triton_url, bundle_dir))
+        return asyncio.run(_serve(options, triton_url, bundle_dir, generator_dir))
     finally:
         if triton is not None:
             with contextlib.suppress(Exception):
