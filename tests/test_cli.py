@@ -71,6 +71,10 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
             str(port),
             "--metrics-port",
             "0",
+            "--reasoning-port",  # used when the build publishes a generator too
+            "0",
+            "--reasoning-metrics-port",
+            "0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
