@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Every check of the GPU target, on a machine with an NVIDIA GPU, in one run; prints a summary.
+# Run it where TensorRT and Model Optimizer import: the GPU build image (build/Containerfile), e.g.
+#   podman run --rm --device nvidia.com/gpu=all -v "$PWD:/repo" -w /repo --entrypoint bash \
+#     slimserve-build-gpu:0.1.0 scripts/gpu-check.sh
+# or any venv with slimserve[dev] plus TensorRT's Python bindings. Steps:
+#   env        GPU, driver, compute capability, TensorRT / Model Optimizer / torch versions
+#   cpu-tests  tests/test_tensorrt.py tests/test_tensorrt_qdq.py (profiles, configs, gate, Q/DQ graphs)
+#   gpu-tests  tests/test_tensorrt_gpu.py (engines built, run, gated; a skip here counts as a failure)
+#   build      slimserve build --recipe tiny-gpu (Q/DQ, engine, parity gate, tensorrt_plan publish)
+#   triton     the published repository served by Triton 24.10 (local tritonserver or the
+#              tritonserver:24.10-py3 image via docker/podman), scores compared with the engine's
+# Options (environment): OUT (default build_output/gpu-check), PYTHON (default: .venv/bin/python if
+# present, else python3), TRITON_IMAGE (default nvcr.io/nvidia/tritonserver:24.10-py3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-build_output/gpu-check}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+TRITON_IMAGE="${TRITON_IMAGE:-nvcr.io/nvidia/tritonserver:24.10-py3}"
+mkdir -p "$OUT"
+declare -a NAMES=() RESULTS=() NOTES=()
+
+record() { NAMES+=("$1"); RESULTS+=("$2"); NOTES+=("$3"); echo "== $1: $2 $3"; }
+
+step_env() {
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || return 1
+  "$PYTHON" - <<'PY'
+import importlib
+for name in ("tensorrt", "modelopt", "torch", "onnxruntime", "onnx"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name} {getattr(module, '__version__', '?')}")
+    except ImportError as exc:
+        print(f"{name} MISSING ({exc})")
+import torch
+print("cuda", torch.cuda.is_available(), torch.version.cuda, torch.cuda.get_device_capability() if torch.cuda.is_available() else "-")
+PY
+}
+
+pytest_step() {  # name, junit file, args...
+  local name="$1" junit="$2"
+  shift 2
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider --junitxml="$junit" "$@"
+  local rc=$?
+  local counts
+  counts="$("$PYTHON" - "$junit" <<'PY'
+import sys, xml.etree.ElementTree as ET
+suite = ET.parse(sys.argv[1]).getroot()
+suite = suite if suite.tag == "testsuite" else suite[0]
+# a skip is expected only for FP8 on GPUs below compute capability 8.9
+unexpected = sum(
+    1 for case in suite.iter("testcase") for skip in case.iter("skipped")
+    if "FP8 needs compute capability" not in (skip.get("message") or "")
+)
+print(suite.get("tests"), suite.get("failures"), suite.get("errors"), unexpected)
+PY
+)"
+  read -r tests failures errors skipped <<<"$counts"
+  echo "$name: $tests tests, $failures failures, $errors errors, $skipped unexpected skips"
+  LAST_NOTE="($tests tests, $((failures + errors)) failed, $skipped unexpectedly skipped)"
+  LAST_SKIPPED="$skipped"
+  return $rc
+}
+
+echo "# slimserve GPU check, $(date -u +%FT%TZ), output in $OUT"
+
+if step_env >"$OUT/env.txt" 2>&1; then record env PASS "$(head -1 "$OUT/env.txt")"; else record env FAIL "(no GPU visible: nvidia-smi failed)"; fi
+cat "$OUT/env.txt"
+
+if pytest_step cpu-tests "$OUT/cpu-tests.xml" tests/test_tensorrt.py tests/test_tensorrt_qdq.py; then
+  record cpu-tests PASS "$LAST_NOTE"
+else
+  record cpu-tests FAIL "$LAST_NOTE"
+fi
+
+if pytest_step gpu-tests "$OUT/gpu-tests.xml" -m gpu tests/test_tensorrt_gpu.py && [[ "${LAST_SKIPPED:-1}" == 0 ]]; then
+  record gpu-tests PASS "$LAST_NOTE"
+else
+  record gpu-tests FAIL "$LAST_NOTE (skip reasons: the -rs lines above)"
+fi
+
+repo="$OUT/model_repository"
+rm -rf "$repo"
+if "$PYTHON" -m slimserve.cli build --recipe tiny-gpu --work-dir "$OUT/work" --model-repository "$repo" --restart \
+    >"$OUT/build.log" 2>&1; then
+  parity="$(find "$OUT/work" -name tensorrt.json -path '*tensorrt_sm*' | head -1)"
+  summary="$("$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['parity']; e=d['engine']; print(f\"{e['precision']} sm{e['compute_capability']} TensorRT {e['tensorrt_version']}: pearson {p['pearson']:.4f} spearman {p['spearman']:.4f} pairs {p['pairwise_agreement']:.4f} top-k {p['topk_overlap']:.3f}\")" "$parity")"
+  record build PASS "($summary)"
+  grep -E "platform|cc_model_filenames|profile" "$repo"/scorer/config.pbtxt | head -8
+else
+  record build FAIL "(see $OUT/build.log)"
+  tail -20 "$OUT/build.log"
+fi
+
+if [[ -f "$repo/scorer/config.pbtxt" ]]; then
+  "$PYTHON" scripts/gpu_check_triton.py "$repo" --image "$TRITON_IMAGE" >"$OUT/triton.log" 2>&1
+  rc=$?
+  tail -5 "$OUT/triton.log"
+  case $rc in
+    0) record triton PASS "($(grep -m1 'max |diff|' "$OUT/triton.log"))" ;;
+    3) record triton SKIP "($(grep -m1 SKIP "$OUT/triton.log"))" ;;
+    *) record triton FAIL "(see $OUT/triton.log)" ;;
+  esac
+else
+  record triton SKIP "(nothing published)"
+fi
+
+echo
+echo "## Summary"
+failed=0
+for i in "${!NAMES[@]}"; do
+  printf '%-10s %-5s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}" "${NOTES[$i]}"
+  [[ "${RESULTS[$i]}" == FAIL ]] && failed=1
+done
+exit $failed
