@@ -24,8 +24,8 @@ from slimserve.export.tensorrt.settings import ParityThresholds
 from slimserve.export.tensorrt.triton_spec import (
     check_plan_config,
     tensorrt_scorer_spec,
-    warmup_files,
     warmup_mask_name,
+    write_warmup_files,
 )
 from slimserve.export.triton_config import parse_config_pbtxt, render_config_pbtxt, to_model_config
 from slimserve.settings import ConfigError
@@ -179,12 +179,20 @@ def test_plan_config_check_lists_every_disagreement():
         plan_spec(profiles, cc_model_filenames={})
 
 
-def test_warmup_files_are_one_sample_of_ones(tmp_path):
+def test_warmup_files_are_one_sample_of_ones_beside_the_versions(tmp_path):
     profiles = bucket_profiles((8, 16), max_batch_size=4)
-    files = warmup_files(profiles, tmp_path)
-    assert sorted(files) == ["warmup/attention_mask_ones_16", "warmup/attention_mask_ones_8"]
-    data = np.frombuffer(files["warmup/attention_mask_ones_16"].read_bytes(), dtype="<i8")
+    written = write_warmup_files(tmp_path / "scorer", profiles)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == [
+        "scorer/warmup/attention_mask_ones_8",
+        "scorer/warmup/attention_mask_ones_16",
+    ]
+    data = np.frombuffer(written[1].read_bytes(), dtype="<i8")
     assert data.shape == (16,) and (data == 1).all()
+    assert write_warmup_files(tmp_path / "scorer", profiles) == written  # idempotent
+    assert sorted(p.name for p in (tmp_path / "scorer" / "warmup").iterdir()) == [
+        "attention_mask_ones_16",
+        "attention_mask_ones_8",
+    ]
 
 
 # -- parity gate ------------------------------------------------------------------------------------

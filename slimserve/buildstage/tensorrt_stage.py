@@ -117,7 +117,7 @@ def publish_tensorrt(
     """Publish every engine in ``engines`` as one ``tensorrt_plan`` version (atomic), with bundle and card."""
     from ..export.pipeline import build_scorer_bundle
     from ..export.repository import publish_version
-    from ..export.tensorrt.triton_spec import check_plan_config, tensorrt_scorer_spec, warmup_files
+    from ..export.tensorrt.triton_spec import check_plan_config, tensorrt_scorer_spec, write_warmup_files
     from ..export.triton_config import to_model_config
 
     settings = recipe.publish
@@ -139,9 +139,11 @@ def publish_tensorrt(
         parameters={"source_model": source},
     )
     files = {p.name: p for p in plans}
-    files.update(warmup_files(profiles, engines / "warmup"))
     check_plan_config(to_model_config(spec), profiles, list(files))
     bundle = build_scorer_bundle(settings, data.tokenizer, tokenizer_file, source)
+    # Triton reads warmup data from <model>/warmup/, outside the version publish_version writes: put it
+    # there first (same bytes for every version of these buckets), so the new config finds it.
+    write_warmup_files(Path(settings.model_repository) / settings.model_name, profiles)
     return publish_version(
         settings.model_repository,
         spec,

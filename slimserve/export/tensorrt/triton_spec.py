@@ -4,11 +4,13 @@ One config serves every GPU type: ``cc_model_filenames`` maps each compute capab
 (``"9.0": "model_sm90.plan"``) and no ``default_model_filename`` is set, so a GPU without its own engine
 fails to load instead of running another architecture's plan. Warmup runs every profile at its bucket
 length (batch 1, and optionally ``max_batch_size`` so memory is taken at load, not under traffic), with
-token 0 and an all-ones attention mask read from ``<version>/warmup/``.
+token 0 and an all-ones attention mask read from ``<model>/warmup/`` (where Triton looks for warmup
+files; an all-zero mask would gather the hidden state at index -1).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -97,16 +99,23 @@ def tensorrt_scorer_spec(
     )
 
 
-def warmup_files(profiles: Sequence[BucketProfile], directory: Path) -> dict[str, Path]:
-    """Write the warmup masks (raw little-endian int64, one sample) and map their published names."""
+def write_warmup_files(model_dir: Path, profiles: Sequence[BucketProfile]) -> list[Path]:
+    """Write the warmup masks where Triton reads them: ``<model_dir>/warmup/`` (beside the versions).
+
+    One sample each (raw little-endian int64; Triton repeats it for a warmup's batch size). The content
+    depends only on the bucket, so rewriting them for a new version never changes what an older version
+    reads; each file is written to a temp name and renamed.
+    """
+    directory = Path(model_dir) / WARMUP_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    files = {}
+    written = []
     for profile in profiles:
-        name = warmup_mask_name(profile.bucket)
-        path = directory / name
-        path.write_bytes(np.ones(profile.bucket, dtype="<i8").tobytes())
-        files[f"{WARMUP_DIR}/{name}"] = path
-    return files
+        path = directory / warmup_mask_name(profile.bucket)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(np.ones(profile.bucket, dtype="<i8").tobytes())
+        os.replace(tmp, path)
+        written.append(path)
+    return written
 
 
 def check_plan_config(cfg: ModelConfig, profiles: Sequence[BucketProfile], plan_files: Sequence[str]) -> None:
