@@ -63,7 +63,11 @@ def run_tensorrt(
     calibration = data.calibration(settings.calibration_examples)
     smoothing = {}
     if precision == "int8" and settings.smoothquant_alpha > 0:
-        smoothing = smooth_model(student_lm, calibration, settings.smoothquant_alpha)
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        smoothing = smooth_model(student_lm.to(device), calibration, settings.smoothquant_alpha)
+        student_lm.cpu()
     fp32 = export_graph(student_lm, data, recipe, out / "fp32" / "model.onnx")
     qdq = quantize_qdq(
         fp32,

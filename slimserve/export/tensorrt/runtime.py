@@ -68,8 +68,9 @@ class EngineScorer:
         self.stream.synchronize()
         return out.cpu().numpy().reshape(batch)
 
-    def score(self, sequences: Sequence[Sequence[int]], buckets, batch_size: int = 32) -> np.ndarray:
-        """Scores of token sequences, padded to buckets and batched as the service sends them."""
+    def score(self, sequences: Sequence[Sequence[int]], buckets, batch_size: int | None = None) -> np.ndarray:
+        """Scores of token sequences, padded to buckets and batched (default: the profiles' max batch)."""
+        batch_size = min(batch_size or self.profiles[0].max_batch, self.profiles[0].max_batch)
         out = np.zeros(len(sequences), dtype=np.float64)
         for chunk, ids, mask in padded_batches([list(s) for s in sequences], buckets, batch_size):
             out[chunk] = self.score_batch(ids, mask)
