@@ -83,6 +83,8 @@ def _run_build(args: argparse.Namespace) -> int:
     print(f"\nStages (recipe {recipe.name}; Bayes-optimal test AUC {bayes}):\n")
     print(result.table())
     print(f"\npublished {result.published.path} (version {result.published.version})")
+    if result.generator_published is not None:
+        print(f"published {result.generator_published} (generator)")
     print(f"report: {recipe.resolved_work_dir() / 'report.md'}")
     return EXIT_OK
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from ..compression.trainer import TrainConfig
 from ..export.tensorrt.settings import TensorRTSettings, check_profiles_fit
 from ..settings import ConfigError, Settings, load_config
+from .generator_recipe import GeneratorSettings
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "build" / "recipes"
 
@@ -121,6 +122,9 @@ class Recipe(Settings):
     publish: PublishSettings = Field(default_factory=PublishSettings)
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="target: tensorrt only")
     speed_seconds: float = Field(5.0, gt=0, description="Seconds per in-process speed measurement")
+    generator: GeneratorSettings | None = Field(
+        None, description="The generator student (reasoning workload); unset: the build makes no generator"
+    )
 
     @field_validator("tensorrt")
     @classmethod

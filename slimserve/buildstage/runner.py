@@ -32,9 +32,15 @@ class BuildResult:
     bayes_optimal_auc: float | None
     published: object | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    generator_rows: list = field(default_factory=list)  # GeneratorRow, when the recipe has a generator
+    generator_published: Path | None = None
 
     def table(self) -> str:
-        return markdown_table(self.rows)
+        if not self.generator_rows:
+            return markdown_table(self.rows)
+        from ..evaluation.generator_report import generator_table
+
+        return markdown_table(self.rows) + "\n\n" + generator_table(self.generator_rows)
 
 
 def _stage_config(recipe: Recipe, stage: str) -> dict:
@@ -131,6 +137,11 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     seconds["data"] = time.perf_counter() - started
     loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
     data: BuildData = prepare_data(recipe, dataset_dir, loaded.tokenizer_file)
+    generator = None
+    if recipe.generator is not None:  # before the teacher stage trains loaded.model for scoring
+        from .generator_stages import generator_context
+
+        generator = generator_context(recipe, data, loaded)
 
     rows = list(timed("teacher", lambda out: run_teacher(recipe, data, loaded.model, out)))
     teacher_auc = rows[-1].test_auc
@@ -151,7 +162,7 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
 
         final, publisher = tensorrt_tail(recipe, data, _stage_config(recipe, "tensorrt"), timed, loaded)
         _gate(final[0], recipe.gates.int8, teacher_auc)
-        return _report_and_publish(recipe, rows + final, data, seconds, command, publisher)
+        return _report_and_publish(recipe, rows + final, data, seconds, command, publisher, generator)
 
     chosen: dict[str, Path] = {}
 
@@ -177,19 +188,27 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
         lambda card: publish(
             recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
         ),
+        generator,
     )
 
 
 def _report_and_publish(
-    recipe: Recipe, rows, data: BuildData, seconds, command: str, publisher
+    recipe: Recipe, rows, data: BuildData, seconds, command: str, publisher, generator=None
 ) -> BuildResult:
-    """Write the report and model card, then publish (``publisher(card)``)."""
+    """Run the generator stages (when the recipe has them; their gates fail before anything is
+    published), write the report and model card, then publish (``publisher(card)``, then the generator)."""
+    from . import generator_stages
+
     work = recipe.resolved_work_dir()
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
+    if generator is not None:
+        result.generator_rows = generator_stages.run_generator(generator, seconds)
     card = build_card(recipe, result, command)
     (work / "report.md").write_text(card)
     (work / "report.json").write_text(json.dumps(report_json(result), indent=2) + "\n")
     result.published = publisher(card)
+    if generator is not None:
+        result.generator_published = generator_stages.publish(generator)
     return result
 
 
@@ -197,6 +216,7 @@ def report_json(result: BuildResult) -> dict:
     return {
         "bayes_optimal_test_auc": result.bayes_optimal_auc,
         "stages": [r.as_dict() for r in result.rows],
+        "generator_stages": [r.as_dict() for r in result.generator_rows],
         "seconds": result.seconds,
     }
 

@@ -1,0 +1,104 @@
+"""The ``generator:`` section of a build recipe (validated; unknown keys rejected at every level)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..compression.trainer import TrainConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeacherTextSettings(_Strict):
+    """The teacher's text for explanation prompts: generated once, batched, cached in the build."""
+
+    prompts: int = Field(
+        96, ge=1, description="Train-split prompts the teacher writes for (the training set)"
+    )
+    heldout_prompts: int = Field(16, ge=1, description="Test-split prompts for every generator evaluation")
+    max_prompt_tokens: int = Field(512, ge=16, description="Longer prompts lose their middle")
+    max_new_tokens: int = Field(96, ge=1, description="Length limit of the teacher's text")
+    temperature: float = Field(0.0, ge=0, description="Teacher sampling temperature (0: greedy)")
+    top_k: int = Field(64, ge=1, description="Teacher tokens kept per position as distillation targets")
+    batch_size: int = Field(16, ge=1, description="Prompts generated together (left-padded, KV cache)")
+    seed: int = Field(0, description="Seed of the prompt choice and of sampling")
+
+
+class GeneratorStudentSettings(_Strict):
+    """The student: the teacher pruned with the scorer's structured pruning (None keeps a dimension)."""
+
+    layers: int | None = Field(10, ge=1, description="Decoder layers kept (by measured importance)")
+    mlp_keep: int | None = Field(768, ge=1, description="MLP neurons kept per layer (OSSCAR)")
+    heads_per_kv_group: int | None = Field(2, ge=1, description="Query heads kept per KV group")
+    calibration_prompts: int = Field(
+        32, ge=1, description="Prompts (with the teacher's text) used to calibrate the pruning"
+    )
+
+
+class OffPolicySettings(_Strict):
+    """Stage (a): forward KL to the teacher on the teacher's text."""
+
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=3e-4, epochs=2, batch_size=8))
+
+
+class OnPolicySettings(_Strict):
+    """Stage (b): forward KL on continuations the student samples itself, mixed with teacher text."""
+
+    share: float = Field(0.5, ge=0, le=1, description="Share of micro-batches sampled by the student")
+    temperature: float = Field(0.85, gt=0, description="Student sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="Student nucleus sampling threshold")
+    max_new_tokens: int = Field(96, ge=1, description="Length limit of the student's samples")
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=1, batch_size=8))
+
+
+class GeneratorEvalSettings(_Strict):
+    """Held-out evaluation of every generator stage."""
+
+    sample_temperature: float = Field(
+        0.85, gt=0, description="Temperature of the model's own held-out samples (KL on own samples)"
+    )
+    max_new_tokens: int = Field(96, ge=1, description="Length limit of those samples")
+    batch_size: int = Field(4, ge=1, description="Sequences per teacher-forced evaluation batch")
+    speed_tokens: int = Field(32, ge=0, description="Tokens of the greedy decode-speed measurement (0: off)")
+
+
+class GeneratorGates(_Strict):
+    """Quality gates of the generator (None disables a gate)."""
+
+    max_kl_increase: float | None = Field(
+        0.0,
+        description="KL on own held-out samples after (a)+(b) may exceed the KL after (a) alone by at "
+        "most this (nats/token); negative values demand an improvement",
+    )
+    min_top1_agreement: float | None = Field(
+        None, ge=0, le=1, description="Minimum top-1 agreement with the teacher on its held-out text"
+    )
+
+
+class GeneratorPublishSettings(_Strict):
+    """How the final student is exported and published as the Triton model ``generator``."""
+
+    quantize: Literal["int8", "int4", "none"] = Field(
+        "int8", description="Weight-only quantization of the served graph (none: FP32)"
+    )
+    parity_prompts: int = Field(8, ge=1, description="Prompts of the FP32 greedy parity check")
+    parity_tokens: int = Field(24, ge=1, description="Greedy tokens compared per parity prompt")
+    max_new_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask for")
+    max_active_sequences: int = Field(8, ge=1, description="Slots of the running batch")
+    max_queued_requests: int = Field(64, ge=1, description="Bounded queue (beyond: 'queue full')")
+
+
+class GeneratorSettings(_Strict):
+    """The generator student of ``slimserve build``: teacher text, pruning, distillation (a) then (b)."""
+
+    teacher_text: TeacherTextSettings = Field(default_factory=TeacherTextSettings)
+    student: GeneratorStudentSettings = Field(default_factory=GeneratorStudentSettings)
+    offpolicy: OffPolicySettings = Field(default_factory=OffPolicySettings)
+    onpolicy: OnPolicySettings = Field(default_factory=OnPolicySettings)
+    evaluation: GeneratorEvalSettings = Field(default_factory=GeneratorEvalSettings)
+    gates: GeneratorGates = Field(default_factory=GeneratorGates)
+    publish: GeneratorPublishSettings = Field(default_factory=GeneratorPublishSettings)

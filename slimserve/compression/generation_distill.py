@@ -1,0 +1,206 @@
+"""Token-level distillation of a generator: forward KL to the teacher on teacher text (off-policy) and on
+text the student samples itself (on-policy).
+
+Both stages minimise the same per-token loss, the forward KL(teacher || student) with the teacher's
+distribution restricted to its ``top_k`` tokens and renormalised (``sparse_forward_kl``; exact when
+``top_k`` is the vocabulary size). Off-policy targets come cached from the teacher's generation pass;
+on-policy targets come from a teacher forward over the student's samples. Only response tokens count;
+the prompt is context.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .batches import batch_indices, pad_right
+from .generation_data import Sampling, TeacherText, generate
+from .trainer import TrainConfig, TrainReport, train
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ResponseBatch:
+    """Prompt + response sequences, right-padded; ``rows``/``cols`` index the positions whose output
+    predicts a response token, ``targets`` holds those tokens (in sequence order)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+
+
+def response_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]) -> ResponseBatch:
+    """The batch of ``prompt + response`` sequences and where each response token is predicted."""
+    ids, mask = pad_right([list(p) + list(r) for p, r in zip(prompts, responses, strict=True)])
+    rows, cols, targets = [], [], []
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        if not prompt:
+            raise ValueError("every sequence needs a prompt of at least one token")
+        rows += [row] * len(response)
+        cols += range(len(prompt) - 1, len(prompt) - 1 + len(response))
+        targets += list(response)
+    as_long = lambda values: torch.tensor(values, dtype=torch.long)  # noqa: E731
+    return ResponseBatch(ids, mask, as_long(rows), as_long(cols), as_long(targets))
+
+
+def response_logprobs(model, batch: ResponseBatch) -> torch.Tensor:
+    """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
+    token; the LM head runs only there."""
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+    ).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[batch.rows, batch.cols])
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def topk_targets(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest log-probs per position and their token ids."""
+    return logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+
+
+def sparse_forward_kl(
+    student_logprobs: torch.Tensor, teacher_topk_logprobs: torch.Tensor, teacher_topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """Per-position KL(p || q) with ``p`` the teacher restricted to its top-k tokens and renormalised, ``q``
+    the student's full distribution: ``sum_k p_k (log p_k - log q_k)`` (>= 0; exact KL when k = vocab)."""
+    teacher = torch.log_softmax(teacher_topk_logprobs.float(), dim=-1)
+    student = student_logprobs.gather(-1, teacher_topk_ids.long())
+    return (teacher.exp() * (teacher - student)).sum(-1)
+
+
+@dataclass
+class OnPolicySettings:
+    """How stage (b) mixes the student's own samples with teacher text."""
+
+    sampling: Sampling
+    share: float  # share of micro-batches that are on-policy
+    top_k: int
+    end_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class OnPolicyLog:
+    """What the on-policy stage sampled (kept to show that the student wrote it)."""
+
+    batches: int = 0
+    sampled_tokens: int = 0
+    ended: int = 0  # samples that stopped on an end token
+    samples: list[dict] = field(default_factory=list)  # the first few, for inspection
+
+
+def _trainable(student) -> list[torch.nn.Parameter]:
+    """Every parameter but the (tied) embeddings, which stay frozen."""
+    for parameter in student.parameters():
+        parameter.requires_grad_(True)
+    student.get_input_embeddings().requires_grad_(False)
+    student.get_output_embeddings().requires_grad_(False)
+    return [p for p in student.parameters() if p.requires_grad]
+
+
+def _run(student, plan, loss_fn, config: TrainConfig, checkpoint: Path | None, desc: str) -> TrainReport:
+    parameters = _trainable(student)
+    student.train()
+    try:
+        return train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
+    finally:
+        student.eval()
+        for parameter in student.parameters():
+            parameter.requires_grad_(False)
+
+
+def _offpolicy_loss(student, text: TeacherText, indices: Sequence[int]) -> torch.Tensor:
+    batch = response_batch([text.prompts[i] for i in indices], [text.responses[i] for i in indices])
+    targets = [text.generated.targets(int(i)) for i in indices]
+    values = torch.cat([t[0] for t in targets])
+    ids = torch.cat([t[1] for t in targets])
+    return sparse_forward_kl(response_logprobs(student, batch), values, ids).mean()
+
+
+def _lengths(text: TeacherText) -> list[int]:
+    return [len(p) + len(r) for p, r in zip(text.prompts, text.responses, strict=True)]
+
+
+def distill_offpolicy(
+    student, text: TeacherText, config: TrainConfig, checkpoint: Path | None = None
+) -> TrainReport:
+    """Stage (a): forward KL to the teacher's cached top-k distributions on the teacher's own text."""
+    if text.generated.topk_logprobs is None:
+        raise ValueError("the teacher text carries no top-k targets (generate it with top_k)")
+    lengths = _lengths(text)
+
+    def plan(epoch: int) -> list[np.ndarray]:
+        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+
+    return _run(
+        student, plan, lambda idx: _offpolicy_loss(student, text, idx), config, checkpoint, "generator (a)"
+    )
+
+
+def _onpolicy_plan(lengths: list[int], config: TrainConfig, share: float, epoch: int) -> list[tuple]:
+    """Micro-batches as (kind, indices, seed); ``round(share * n)`` of them on-policy, seeded positions."""
+    batches = batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+    rng = np.random.default_rng(config.seed * 7919 + epoch)
+    on = set(rng.permutation(len(batches))[: round(share * len(batches))].tolist())
+    return [
+        ("on" if i in on else "off", indices, config.seed * 1_000_003 + epoch * 10_007 + i)
+        for i, indices in enumerate(batches)
+    ]
+
+
+def distill_onpolicy(
+    student,
+    teacher,
+    text: TeacherText,
+    settings: OnPolicySettings,
+    config: TrainConfig,
+    checkpoint: Path | None = None,
+    keep_samples: int = 8,
+) -> tuple[TrainReport, OnPolicyLog]:
+    """Stage (b): on a ``settings.share`` of the micro-batches the student samples continuations of the
+    prompts (``settings.sampling``) and learns the teacher's distribution on them; the other micro-batches
+    are teacher text as in stage (a)."""
+    lengths = _lengths(text)
+    record = OnPolicyLog()
+
+    def loss_fn(payload) -> torch.Tensor:
+        kind, indices, seed = payload
+        if kind == "off":
+            return _offpolicy_loss(student, text, indices)
+        prompts = [text.prompts[i] for i in indices]
+        sampling = replace(settings.sampling, seed=seed)
+        responses = generate(student, prompts, sampling, settings.end_ids, batch_size=len(prompts)).responses
+        _log_samples(record, text, indices, responses, settings.end_ids, keep_samples)
+        batch = response_batch(prompts, responses)
+        with torch.no_grad():
+            values, ids = topk_targets(response_logprobs(teacher, batch), settings.top_k)
+        return sparse_forward_kl(response_logprobs(student, batch), values, ids).mean()
+
+    teacher.eval()
+    report = _run(
+        student,
+        lambda epoch: _onpolicy_plan(lengths, config, settings.share, epoch),
+        loss_fn,
+        config,
+        checkpoint,
+        "generator (b)",
+    )
+    return report, record
+
+
+def _log_samples(record: OnPolicyLog, text: TeacherText, indices, responses, end_ids, keep: int) -> None:
+    record.batches += 1
+    record.sampled_tokens += sum(len(r) for r in responses)
+    record.ended += sum(1 for r in responses if r and r[-1] in end_ids)
+    for index, response in zip(indices, responses, strict=True):
+        if len(record.samples) < keep:
+            record.samples.append(
+                {"key": text.keys[int(index)], "prompt_index": int(index), "response": response}
+            )

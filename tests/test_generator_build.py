@@ -1,0 +1,219 @@
+"""The generator student of ``slimserve build`` on the tiny recipe: teacher text, pruning, distillation (a) then
+(b), held-out KL/loss, resume, gates, and publishing after the scorer."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from slimserve.buildstage import artifacts
+from slimserve.buildstage.context import prepare_data
+from slimserve.buildstage.generator_stages import (
+    GENERATOR_STAGES,
+    check_gates,
+    final_model_dir,
+    generator_context,
+    run_generator,
+    stage_config,
+)
+from slimserve.buildstage.recipe import load_recipe
+from slimserve.compression.generation_data import Sampling, TeacherText, generate
+from slimserve.compression.generation_distill import (
+    response_batch,
+    response_logprobs,
+    sparse_forward_kl,
+    topk_targets,
+)
+from slimserve.compression.generation_eval import evaluate_text, token_sums
+from slimserve.errors import BuildError
+from slimserve.evaluation.generator_report import GeneratorRow
+from slimserve.export.teacher import load_teacher
+
+EXPECTED = [
+    "generator teacher",
+    "generator pruned (osscar)",
+    "generator (a) off-policy",
+    "generator (a)+(b) on-policy",
+]
+
+
+def tiny_recipe(tmp_path, **generator_updates):
+    recipe = load_recipe("tiny")
+    publish = recipe.publish.model_copy(update={"model_repository": tmp_path / "repo"})
+    generator = recipe.generator.model_copy(update=generator_updates)
+    return recipe.model_copy(
+        update={"work_dir": tmp_path / "work", "publish": publish, "generator": generator}
+    )
+
+
+def context_for(recipe):
+    from slimserve.data.synth import SynthConfig, write_synthetic
+
+    dataset = recipe.resolved_work_dir() / "data" / "dataset"
+    if not dataset.is_dir():
+        write_synthetic(SynthConfig(**recipe.data.synth), dataset)
+    loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
+    return generator_context(recipe, prepare_data(recipe, dataset, loaded.tokenizer_file), loaded)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    recipe = tiny_recipe(tmp_path_factory.mktemp("generator"))
+    ctx = context_for(recipe)
+    seconds: dict[str, float] = {}
+    rows = run_generator(ctx, seconds)
+    return recipe, ctx, rows, seconds
+
+
+def test_every_generator_stage_runs_and_is_measured(built):
+    recipe, ctx, rows, seconds = built
+    assert [r.stage for r in rows] == EXPECTED and set(seconds) == set(GENERATOR_STAGES)
+    teacher, _, offpolicy, onpolicy = rows
+    assert teacher.kl_teacher_text == 0 and teacher.top1_agreement == 1 and teacher.kl_own_samples == 0
+    for row in rows:
+        assert math.isfinite(row.loss_teacher_text) and row.loss_teacher_text > 0
+        assert row.kl_teacher_text >= 0 and 0 <= row.top1_agreement <= 1 and row.decode_tokens_per_s > 0
+    for row in rows[1:]:
+        assert row.kl_teacher_text > 0 and row.kl_own_samples > 0 and row.own_sample_tokens > 0
+        assert 0 < row.non_embedding_parameters < teacher.non_embedding_parameters
+    assert offpolicy.notes["train"]["steps"] > 0 and onpolicy.notes["onpolicy"]["batches"] > 0
+    work = recipe.resolved_work_dir()
+    for stage in GENERATOR_STAGES:
+        assert (work / stage / "config.json").is_file() and (work / stage / "done.json").is_file()
+    # The student is a standard, smaller Hugging Face model with the tokenizer beside it.
+    student = artifacts.load_causal_lm(final_model_dir(recipe))
+    teacher_config, config = ctx.teacher.config, student.config
+    assert type(student).__name__ == "LlamaForCausalLM"
+    assert config.num_hidden_layers == recipe.generator.student.layers < teacher_config.num_hidden_layers
+    assert config.intermediate_size == recipe.generator.student.mlp_keep
+    assert (
+        config.num_attention_heads == config.num_key_value_heads * recipe.generator.student.heads_per_kv_group
+    )
+    assert (final_model_dir(recipe) / "tokenizer.json").is_file()
+    assert student.generation_config.eos_token_id == ctx.end_ids
+
+
+def test_teacher_text_is_cached_with_the_teachers_own_targets(built):
+    recipe, ctx, _, _ = built
+    settings = recipe.generator.teacher_text
+    train = TeacherText.load(recipe.resolved_work_dir() / "gen_teacher", "train")
+    assert len(train.prompts) == settings.prompts and len(set(train.keys)) == settings.prompts
+    tokens = sum(len(r) for r in train.responses)
+    assert train.generated.topk_logprobs.shape == (tokens, settings.top_k)
+    for response in train.responses:
+        assert 1 <= len(response) <= settings.max_new_tokens
+        assert len(response) == settings.max_new_tokens or response[-1] in ctx.end_ids
+    # Targets cached from the batched, left-padded, KV-cached generation equal a plain teacher-forced pass.
+    batch = response_batch(train.prompts[:3], train.responses[:3])
+    with torch.no_grad():
+        values, ids = topk_targets(response_logprobs(ctx.teacher, batch), settings.top_k)
+    cached = [train.generated.targets(i) for i in range(3)]
+    assert torch.allclose(values, torch.cat([c[0] for c in cached]), atol=1e-4)
+    assert torch.equal(ids[:, 0], torch.cat([c[1] for c in cached])[:, 0])
+    heldout = TeacherText.load(recipe.resolved_work_dir() / "gen_teacher", "heldout")
+    assert len(heldout.prompts) == settings.heldout_prompts and not set(heldout.keys) & set(train.keys)
+
+
+def test_onpolicy_stage_samples_from_the_student(built):
+    recipe, ctx, _, _ = built
+    record = json.loads((recipe.resolved_work_dir() / "gen_onpolicy" / "onpolicy_samples.json").read_text())
+    assert record["batches"] > 0 and record["sampled_tokens"] > 0 and record["samples"]
+    assert any(s["response"] != s["teacher_response"] for s in record["samples"])
+    # The sampler: seeded, so reproducible; the student's samples are not the teacher's text.
+    student = artifacts.load_causal_lm(recipe.resolved_work_dir() / "gen_offpolicy" / "model")
+    prompts = TeacherText.load(recipe.resolved_work_dir() / "gen_teacher", "train").prompts[:4]
+    sampling = Sampling(max_new_tokens=8, temperature=0.85, seed=3)
+    first = generate(student, prompts, sampling, ctx.end_ids).responses
+    assert first == generate(student, prompts, sampling, ctx.end_ids).responses
+    assert first != generate(ctx.teacher, prompts, sampling, ctx.end_ids).responses
+    assert first != generate(student, prompts, Sampling(8, 0.85, seed=4), ctx.end_ids).responses
+
+
+def test_kl_and_loss_on_a_known_case():
+    p = torch.tensor([[0.5, 0.25, 0.25, 0.0]]).clamp_min(1e-30).log()
+    q = torch.tensor([[0.25, 0.25, 0.25, 0.25]]).log()
+    loss, kl, agree = token_sums(p, q, torch.tensor([1]))
+    assert loss == pytest.approx(math.log(4))
+    assert kl == pytest.approx(0.5 * math.log(2))  # 0.5 log(0.5/0.25) + 2 * 0.25 log(1)
+    assert agree == 1  # argmax q is index 0 (ties resolve to the first), as p's
+    # The training loss: exact KL when k = vocabulary, the renormalised top-k KL otherwise.
+    values, ids = topk_targets(p, 4)
+    assert float(sparse_forward_kl(q, values, ids)) == pytest.approx(kl, abs=1e-6)
+    values, ids = topk_targets(p, 1)
+    assert float(sparse_forward_kl(q, values, ids)) == pytest.approx(math.log(4))
+
+
+def test_evaluation_of_a_model_against_itself_and_hf_loss():
+    model = load_teacher("tiny", seed=1).model
+    other = load_teacher("tiny", seed=2).model
+    prompts, responses = [[5, 6, 7], [8, 9]], [[10, 11], [12, 13, 14]]
+    same = evaluate_text(model, model, prompts, responses)
+    assert same.kl == 0 and same.top1_agreement == 1 and same.tokens == 5
+    batch = response_batch(prompts[:1], responses[:1])
+    labels = torch.full_like(batch.input_ids, -100)
+    labels[0, 3:] = torch.tensor(responses[0])
+    with torch.no_grad():
+        hf_loss = float(model(input_ids=batch.input_ids, labels=labels).loss)
+    assert evaluate_text(model, model, prompts[:1], responses[:1]).loss == pytest.approx(hf_loss, rel=1e-5)
+    assert evaluate_text(other, model, prompts, responses).kl > 0
+
+
+def test_resume_skips_finished_generator_stages(built, caplog):
+    recipe, ctx, first, _ = built
+    (recipe.resolved_work_dir() / "gen_onpolicy" / "done.json").unlink()  # died during stage (b)
+    seconds: dict[str, float] = {}
+    with caplog.at_level("INFO"):
+        again = run_generator(ctx, seconds)
+    assert set(seconds) == {"gen_onpolicy"}
+    skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
+    assert skipped == {"gen_teacher", "gen_prune", "gen_offpolicy"}
+    assert [r.as_dict() for r in again[:3]] == [r.as_dict() for r in first[:3]]
+    # A changed setting invalidates its stage and those after it, not those before.
+    changed = recipe.generator.onpolicy.model_copy(update={"temperature": 0.5})
+    other = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"onpolicy": changed})})
+    assert [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES] == [True] * 3 + [
+        False
+    ]
+
+
+def test_gate_above_what_was_reached_fails_the_build_and_publishes_nothing(built, tmp_path):
+    from slimserve.buildstage.runner import _report_and_publish
+
+    recipe, ctx, rows, _ = built
+    reached = rows[-1].kl_own_samples - rows[-2].kl_own_samples
+    gates = recipe.generator.gates.model_copy(update={"max_kl_increase": reached - 1.0})
+    strict = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"gates": gates})})
+    ctx.recipe = strict
+    published = []
+    try:
+        with pytest.raises(BuildError, match=r"generator\.gates\.max_kl_increase.*nothing was published"):
+            _report_and_publish(strict, [], ctx.data, {}, "test", published.append, ctx)
+    finally:
+        ctx.recipe = recipe
+    assert not published and not (recipe.publish.model_repository / "generator").exists()
+    final = GeneratorRow.from_dict({**rows[-1].as_dict(), "top1_agreement": 0.5})
+    agreement = recipe.generator.model_copy(
+        update={"gates": gates.model_copy(update={"max_kl_increase": None, "min_top1_agreement": 0.9})}
+    )
+    with pytest.raises(BuildError, match="min_top1_agreement"):
+        check_gates(agreement, [*rows[:-1], final])
+
+
+def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
+    from slimserve.buildstage.runner import _report_and_publish
+    from slimserve.generation_bundle import load_generation_bundle
+
+    recipe, ctx, _, _ = built
+    order = []
+    result = _report_and_publish(recipe, [], ctx.data, {}, "test", lambda card: order.append(card), ctx)
+    assert order and "| generator (a)+(b) on-policy |" in order[0]
+    assert [r.stage for r in result.generator_rows] == EXPECTED
+    report = json.loads((recipe.resolved_work_dir() / "report.json").read_text())
+    assert [s["stage"] for s in report["generator_stages"]] == EXPECTED
+    version = result.generator_published
+    assert version == recipe.publish.model_repository / "generator" / "1"
+    bundle = load_generation_bundle(version / "bundle")
+    assert "generator student" in bundle.source_model and list(bundle.eos_token_ids) == ctx.end_ids
