@@ -34,20 +34,12 @@ from slimserve.serving.reasoning.server import ReasoningServer
 from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
 from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
+from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 LONG = 512  # tokens of a request meant to be still running when it is cancelled (the model's limit)
 ITEM = example_candidates(3)[1]
-
-
-@pytest.fixture(scope="module")
-def generator_repository(tmp_path_factory) -> Path:
-    from slimserve.export.generator_repository import build_tiny_generator_repository
-
-    repository = tmp_path_factory.mktemp("generator") / "model_repository"
-    build_tiny_generator_repository(repository, max_active_sequences=4, max_queued_requests=8)
-    return repository
 
 
 def start_generator_triton(repository: Path, load: bool = True) -> TritonServer:

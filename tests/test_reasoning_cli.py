@@ -1,0 +1,97 @@
+"""The reasoning CLI as a user runs it: `up` serves scorer and generator, then `explain` and `generate`."""
+
+from __future__ import annotations
+
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+
+from slimserve.serving.triton.launcher import free_port
+from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
+from tests.test_cli import CLI, run_cli
+
+METADATA = re.compile(
+    r"model generator v1 \(bundle [0-9a-f]{12}\), request (\S+): (\d+) tokens after a (\d+)-token prompt, "
+    r"finish (\w[\w ']*); first token [\d.]+ ms, [\d.]+ tokens/s, total [\d.]+ ms"
+)
+
+
+def wait_for_line(lines: queue.Queue, text: str, process: subprocess.Popen, timeout_s: float) -> list[str]:
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            assert process.poll() is None, "".join(seen)
+            continue
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} not printed within {timeout_s} s:\n{''.join(seen)}")
+
+
+def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, generator_repository):
+    repository = tmp_path / "model_repository"
+    shutil.copytree(tiny_repository / "scorer", repository / "scorer")
+    shutil.copytree(generator_repository / "generator", repository / "generator")
+    reasoning_port = free_port()
+    up = subprocess.Popen(
+        [
+            *CLI,
+            "up",
+            "--model-repository",
+            str(repository),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--reasoning-port",
+            str(reasoning_port),
+            "--reasoning-metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in up.stdout], daemon=True).start()
+    try:
+        printed = wait_for_line(lines, "Serving; Ctrl-C to stop.", up, timeout_s=180)
+        children = psutil.Process(up.pid).children(recursive=True)
+        target = f"127.0.0.1:{reasoning_port}"
+
+        explain = run_cli(
+            "explain", "--target", target, "--max-tokens", "16", "--request-id", "cli-explain-1"
+        )
+        assert explain.returncode == 0, explain.stderr
+        assert explain.stdout.startswith("Why Senior Backend Engineer at Globex for member m-demo-1:")
+        match = METADATA.search(explain.stdout)
+        assert match, explain.stdout
+        assert match.group(1) == "cli-explain-1" and int(match.group(2)) <= 16
+
+        generate = run_cli(
+            "generate", "--target", target, "--prompt", "Say hello.", "--max-tokens", "8", "--seed", "1",
+            "--temperature", "1.0",
+        )  # fmt: skip
+        assert generate.returncode == 0, generate.stderr
+        assert METADATA.search(generate.stdout), generate.stdout
+
+        bad = run_cli("generate", "--target", target, "--prompt", "hi", "--temperature", "9")
+        assert bad.returncode == 1
+        assert "INVALID_ARGUMENT: options.temperature" in bad.stderr and "Traceback" not in bad.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    output = "".join(printed)
+    assert up.returncode == 0
+    assert "ReasoningService on" in output and "Sample explanation" in output
+    assert METADATA.search(output), output
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
