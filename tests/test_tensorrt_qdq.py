@@ -47,22 +47,24 @@ def fp32_graph(tmp_path_factory):
     return teacher, path
 
 
-def _qdq_or_skip():
+def _quantized(fp32_graph, directory, precision: str, prompts: int):
+    """(teacher, FP32 graph, Q/DQ graph, its node summary); skipped without Model Optimizer."""
     pytest.importorskip(
         "modelopt.onnx.quantization",
         reason="nvidia-modelopt (ONNX PTQ) is not installed: pip install 'slimserve[gpu]'",
     )
     from slimserve.export.tensorrt.modelopt_qdq import qdq_summary, quantize_qdq
 
-    return quantize_qdq, qdq_summary
+    teacher, fp32 = fp32_graph
+    calibration = varied_prompts(teacher.tokenizer_file, prompts, seed=2)
+    qdq = quantize_qdq(
+        fp32, directory / precision / "model.onnx", calibration, BUCKETS, precision, provider="cpu"
+    )
+    return teacher, fp32, qdq, qdq_summary(qdq)
 
 
 def test_int8_qdq_graph_from_real_prompts_keeps_the_ranking(fp32_graph, tmp_path):
-    quantize_qdq, qdq_summary = _qdq_or_skip()
-    teacher, fp32 = fp32_graph
-    calibration = varied_prompts(teacher.tokenizer_file, 24, seed=2)
-    qdq = quantize_qdq(fp32, tmp_path / "int8" / "model.onnx", calibration, BUCKETS, "int8", provider="cpu")
-    summary = qdq_summary(qdq)
+    teacher, fp32, qdq, summary = _quantized(fp32_graph, tmp_path, "int8", 24)
     assert summary["QuantizeLinear"] > 10 and summary["DequantizeLinear"] >= summary["QuantizeLinear"]
     graph = onnx.load(str(qdq))
     assert [i.name for i in graph.graph.input] == ["input_ids", "attention_mask"]
@@ -84,10 +86,6 @@ def test_int8_qdq_graph_from_real_prompts_keeps_the_ranking(fp32_graph, tmp_path
 
 
 def test_fp8_qdq_graph_uses_float8(fp32_graph, tmp_path):
-    quantize_qdq, qdq_summary = _qdq_or_skip()
-    teacher, fp32 = fp32_graph
-    calibration = varied_prompts(teacher.tokenizer_file, 12, seed=2)
-    qdq = quantize_qdq(fp32, tmp_path / "fp8" / "model.onnx", calibration, BUCKETS, "fp8", provider="cpu")
-    summary = qdq_summary(qdq)
+    _, _, _, summary = _quantized(fp32_graph, tmp_path, "fp8", 12)
     assert summary["QuantizeLinear"] > 10
     assert any(k.startswith("zero_point_float8") for k in summary), summary
