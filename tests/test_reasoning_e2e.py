@@ -201,6 +201,21 @@ async def test_cancelling_one_stream_keeps_the_others_and_frees_its_slot(triton,
     assert await victim.code() == grpc.StatusCode.CANCELLED
 
 
+async def test_a_full_model_queue_is_resource_exhausted(stub):
+    """4 slots and a queue of 8: of 16 long requests sent at once, the overflow is refused at once."""
+    calls = [stub.Generate(generate_request(f"Q{i}", sampled(seed=i)), timeout=30) for i in range(16)]
+    reads = [asyncio.ensure_future(call.read()) for call in calls]
+    await asyncio.wait(reads, timeout=1.0)  # refusals come back within milliseconds
+    refused = [(await call.code(), await call.details()) for call, read in zip(calls, reads, strict=True)
+               if read.done() and read.exception() is not None]  # fmt: skip
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*reads, return_exceptions=True)
+    assert 0 < len(refused) <= 8, refused  # at least the queue's 8 fit (plus those already in a slot)
+    assert {code for code, _ in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert all("queue is full" in details for _, details in refused)
+
+
 async def test_deadline_ends_the_stream_and_the_model_request(triton, stub):
     cancelled_before = generator_metric(triton, "cancelled")
     call = stub.Generate(generate_request("A long story", sampled(LONG, seed=11)), timeout=0.3)

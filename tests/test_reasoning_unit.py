@@ -174,3 +174,20 @@ def test_service_container_config_loads():
 
     config = load_config(ReasoningServiceConfig, ROOT / "services" / "reasoning" / "config.yaml", environ={})
     assert (config.host, config.port, config.triton_url) == ("0.0.0.0", 50052, "triton:8001")
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ("queue full: 8 requests already waiting", "ResourceExhausted"),
+        ("Request for unknown model: 'generator' is not found", "Unavailable"),
+        ("the generator model is unloading", "Unavailable"),
+        ("generation failed: RuntimeError: boom", "InternalError"),
+    ],
+)
+def test_stream_errors_map_by_the_models_message(message, error):
+    from slimserve.serving.triton.client import map_stream_error
+
+    mapped = map_stream_error(message, "generate on 'generator'")
+    assert type(mapped).__name__ == error
+    assert "boom" not in mapped.message  # internals stay in the log

@@ -311,11 +311,11 @@ class GenerationStep:
 def map_stream_error(message: str, what: str) -> ServingError:
     """The serving error for an error response on a Triton stream (it carries text, no status code)."""
     lowered = message.lower()
-    if lowered.startswith(_GENERATOR_QUEUE_FULL_TEXT) or _QUEUE_FULL_TEXT.lower() in lowered:
+    if _GENERATOR_QUEUE_FULL_TEXT in lowered or _QUEUE_FULL_TEXT.lower() in lowered:
         return ResourceExhausted(f"{what}: the model's queue is full")
     if "cancel" in lowered:
         return Cancelled(f"{what}: cancelled")
-    if "unknown model" in lowered or "is not ready" in lowered or "not found" in lowered:
+    if any(text in lowered for text in ("unknown model", "not ready", "not found", "unloading")):
         return Unavailable(f"{what}: model not found or not ready in Triton")
     return InternalError(f"{what} failed")
 
