@@ -90,7 +90,7 @@ def test_bench_report_on_the_tiny_model(tiny_repository, tiny_bundle, tmp_path, 
     onnx = tiny_bundle.parent / "model.onnx"
     code = main(
         ["bench", "report", "--variant", f"tiny={onnx}@tiny", "--model-repository", str(tiny_repository),
-         "--engine-seconds", "0.5", "--concurrency", "1,4", "--max-requests", "24", "--max-seconds", "1.5",
+         "--engine-seconds", "0.5", "--concurrency", "1,4", "--max-requests", "24", "--max-seconds", "1.5", "--open-loop-seconds", "1.5",
          "--delays-us", "0", "--main-delay-us", "0", "--perf-concurrency", "2", "--perf-window-requests", "20",
          "--requests", "6", "--candidates", "4", "--out", str(out), "--note", "test run"]
     )  # fmt: skip

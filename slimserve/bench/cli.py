@@ -192,6 +192,7 @@ def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
     parser.add_argument("--max-requests", type=int, default=400, help="most requests per load level")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
+    parser.add_argument("--open-loop-seconds", type=float, default=20.0, help="seconds of the open-loop run")
     parser.add_argument(
         "--delays-us", type=_numbers(int, allow_zero=True), default=(0, 300), help="queue delays to compare"
     )
@@ -240,6 +241,7 @@ def _compare(args: argparse.Namespace):
         concurrencies=args.concurrency,
         max_requests=args.max_requests,
         max_seconds=args.max_seconds,
+        open_loop_seconds=args.open_loop_seconds,
         delays_us=args.delays_us,
         main_delay_us=args.main_delay_us,
         perf_concurrencies=args.perf_concurrency,

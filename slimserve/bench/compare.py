@@ -21,7 +21,7 @@ from ..cache import cache_dir
 from .grpc_load import LoadPlan, LoadPoint, bench_service, open_loop, score_call, score_requests
 from .inprocess import EngineResult, load_torch_scorer, onnx_floor, torch_speed
 from .perf_analyzer import PerfPoint, PerfSettings
-from .variants import Batching, Variant, batching_configs, write_variant_repository
+from .variants import Batching, Variant, batching_configs, template_note, write_variant_repository
 from .workload import Workload
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class CompareSettings:
     delays_us: tuple[int, ...] = (0, 300)
     main_delay_us: int = 300
     open_loop_fraction: float = 0.5
+    open_loop_seconds: float = 20.0
     perf_concurrencies: tuple[int, ...] = (1, 4, 16)
     perf_window_requests: int = 100
     pytorch: bool = True
@@ -80,6 +81,7 @@ class CompareResult:
     served: list[ServedRun]
     seconds: float = 0.0
     stages: dict[str, str] = field(default_factory=dict)  # variant -> build-report stage
+    notes: list[str] = field(default_factory=list)
 
     @property
     def variants(self) -> list[str]:
@@ -123,25 +125,30 @@ def _serve_and_load(
             best = max((p.requests_per_s for p in run.points), default=0.0)
             if best > 0 and settings.open_loop_fraction > 0:
                 rate = best * settings.open_loop_fraction
-                run.points.append(asyncio.run(_open(target, requests, rate, plan)))
+                run.points.append(
+                    asyncio.run(_open(target, requests, rate, plan, settings.open_loop_seconds))
+                )
         if perf and settings.perf_concurrencies:
+            groups = workload.by_bucket()
+            dominant = max(groups, key=lambda b: len(groups[b]))  # most prompts pad to it
             run.perf = run_triton_bench(
                 repository,
                 workload,
                 triton_url=triton.grpc_url,
                 concurrencies=settings.perf_concurrencies,
+                buckets=(dominant,),
                 settings=PerfSettings(
                     window_requests=settings.perf_window_requests, timeout_s=settings.timeout_s * 5
                 ),
             )
 
 
-async def _open(target: str, requests: list, rate: float, plan: LoadPlan) -> LoadPoint:
+async def _open(target: str, requests: list, rate: float, plan: LoadPlan, seconds: float) -> LoadPoint:
     import grpc
 
     async with grpc.aio.insecure_channel(target) as channel:
         call = score_call(channel, requests, plan.timeout_s)
-        return await open_loop(call, "Score", rate, plan.max_requests, plan.max_seconds)
+        return await open_loop(call, "Score", rate, plan.max_requests, seconds)
 
 
 def serve_variant(
@@ -202,6 +209,7 @@ def run_compare(
         )
     settings_dict = asdict(settings) | {"main_batching": main.name}
     stages = {v.name: v.stage for v in variants if v.stage}
+    notes = [n for n in (template_note(bundle_dir),) if n]
     return CompareResult(
-        workload.describe(), settings_dict, engines, served, time.perf_counter() - started, stages
+        workload.describe(), settings_dict, engines, served, time.perf_counter() - started, stages, notes
     )

@@ -241,7 +241,7 @@ def _stages_table(rows: list[dict]) -> str:
 
 def render_summary(result: CompareResult) -> str:
     """The headline and engine tables, and every served run's load table (what ``bench compare`` prints)."""
-    parts = [_headline(result), "", _engines_table(result)]
+    parts = [*(f"Note: {n}\n" for n in result.notes), _headline(result), "", _engines_table(result)]
     for run in result.served:
         parts += ["", f"{run.variant}, {run.batching_text}:", format_load_table(run.points)]
         if run.perf:
@@ -263,6 +263,8 @@ def render_markdown(
     ]
     if inputs.note:
         parts += ["", f"**Note:** {inputs.note}"]
+    for note in result.notes:
+        parts += ["", f"**Note:** {note}"]
     parts += [
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in inputs.versions.items()) + ".",
@@ -319,6 +321,7 @@ def _results_json(
         "versions": inputs.versions,
         "note": inputs.note,
         "workload": result.workload,
+        "notes": result.notes,
         "settings": result.settings,
         "seconds": result.seconds,
         "engines": [e.as_dict() for e in result.engines],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..bundle import TOKENIZER_FILE, load_bundle
+from ..prompts import SCORING_TEMPLATE_VERSION
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,18 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
     return found
 
 
+def template_note(bundle_dir: Path) -> str | None:
+    """A remark when the bundle's prompt template is not the one this slimserve renders, else None."""
+    built = load_bundle(bundle_dir).prompt_template_version
+    if built == SCORING_TEMPLATE_VERSION:
+        return None
+    return (
+        f"The models were built with prompt template {built}; this slimserve renders {SCORING_TEMPLATE_VERSION}, "
+        f"so every engine here scores {SCORING_TEMPLATE_VERSION} prompts and the served variants' bundles were "
+        f"re-stamped {SCORING_TEMPLATE_VERSION}. Speed figures only; quality figures come from the build report."
+    )
+
+
 def write_variant_repository(
     repository: Path, bundle_dir: Path, variant: Variant, batching: Batching, model_name: str = "scorer"
 ) -> Path:
@@ -85,7 +98,13 @@ def write_variant_repository(
     from ..export.scorer_model import scorer_model_files, scorer_triton_spec
     from ..export.triton_config import check_against_onnx
 
-    bundle = dataclasses.replace(load_bundle(bundle_dir), max_batch_size=batching.max_batch_size)
+    # The service renders today's template; a model built with an older one is served with it here (the
+    # speed of the graph does not depend on the words). ``template_note`` says so for the report.
+    bundle = dataclasses.replace(
+        load_bundle(bundle_dir),
+        max_batch_size=batching.max_batch_size,
+        prompt_template_version=SCORING_TEMPLATE_VERSION,
+    )
     spec = scorer_triton_spec(
         name=model_name,
         max_batch_size=batching.max_batch_size,
