@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_serving_never_imports_torch_transformers_or_build_code():
     code = (
-        "import sys, slimserve.serving.server, slimserve.serving.triton.launcher, slimserve.client;"
+        "import sys, slimserve.serving.server, slimserve.serving.triton.launcher, slimserve.client,"
+        " slimserve.serving.reasoning.server, slimserve.reasoning_client;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx')"
         " or m.startswith('slimserve.export')];"
         "print(bad); sys.exit(1 if bad else 0)"
