@@ -31,12 +31,15 @@ make_base() {
     exit 1
   fi
   log "making $LOCAL_BASE with debootstrap (about a minute)"
-  local rootfs
+  local rootfs status=0
   rootfs="$(mktemp -d)"
-  trap 'rm -rf "$rootfs"' RETURN
-  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  tar -C "$rootfs" -c . | "$PODMAN" import - "$LOCAL_BASE" >/dev/null
+  {
+    debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null &&
+      rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* &&
+      tar -C "$rootfs" -c . | "$PODMAN" import - "$LOCAL_BASE" >/dev/null
+  } || status=$?
+  rm -rf "$rootfs"
+  return "$status"
 }
 
 build_one() {  # build_one IMAGE CONTAINERFILE

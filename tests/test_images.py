@@ -97,12 +97,17 @@ def test_service_image_is_torch_free_non_root_and_runs_read_only():
         "id -u; "
         "for tool in gcc cc make g++ apt-get; do command -v $tool >/dev/null || echo no-$tool; done; "
         f"python3 -c 'import importlib.util as u; print([m for m in {json.dumps(modules)} if u.find_spec(m)])'; "
-        "slimserve serve --help >/dev/null && echo serve-ok",
+        "slimserve serve --help >/dev/null && echo serve-ok; "
+        "slimserve serve-reasoning --help >/dev/null 2>&1 && echo serve-reasoning-ok",
     )
     lines = out.split()
     assert lines[0] == "10001"
     assert {"no-gcc", "no-cc", "no-make", "no-g++"} <= set(lines)
     assert "[]" in out and "serve-ok" in out, out
+    from slimserve.cli import build_parser
+
+    if "serve-reasoning" in build_parser()._subparsers._group_actions[0].choices:
+        assert "serve-reasoning-ok" in lines, "the image predates the reasoning service: make images"
 
 
 @pytest.mark.podman

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -419,13 +420,15 @@ def free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def podman_copy(deployment: dict, tmp: Path, env: dict[str, str], args: dict[str, str]) -> Path:
+def podman_copy(deployment: dict, tmp: Path, run: str, env: dict[str, str], args: dict[str, str]) -> Path:
     """The Deployment as podman kube play can run it here, with everything else as rendered.
 
-    Changes: one replica; the host's network with free ports (traffic stays on loopback) so no
-    containerPorts; no probes (the test runs them itself, against the manifest's endpoints); emptyDir
-    volumes as world-writable host folders (Kubernetes makes them 0777, podman root-owned)."""
+    Changes: one replica; names (Deployment, claim) suffixed with ``run`` so concurrent runs never meet;
+    the host's network with free ports (traffic stays on loopback) so no containerPorts; no probes (the
+    test runs them itself, against the manifest's endpoints); emptyDir volumes as world-writable host
+    folders (Kubernetes makes them 0777, podman root-owned)."""
     deployment = yaml.safe_load(yaml.safe_dump(deployment))
+    deployment["metadata"]["name"] += f"-{run}"
     deployment["spec"]["replicas"] = 1
     spec = deployment["spec"]["template"]["spec"]
     spec["hostNetwork"] = True
@@ -438,6 +441,8 @@ def podman_copy(deployment: dict, tmp: Path, env: dict[str, str], args: dict[str
         next((f"--{k}={v}" for k, v in args.items() if a.startswith(f"--{k}=")), a) for a in container["args"]
     ]
     for volume in spec["volumes"]:
+        if "persistentVolumeClaim" in volume:
+            volume["persistentVolumeClaim"]["claimName"] += f"-{run}"
         if "emptyDir" in volume:
             folder = Path(tempfile.mkdtemp(prefix=f"{volume['name']}-", dir=tmp))
             folder.chmod(0o1777)
@@ -475,8 +480,10 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 
     objects = rendered["cpu"]
-    claim = "slimserve-model-repository"
-    assert named(objects, "PersistentVolumeClaim", claim)
+    run = uuid.uuid4().hex[:8]
+    claim = (
+        f"{named(objects, 'PersistentVolumeClaim', 'slimserve-model-repository')['metadata']['name']}-{run}"
+    )
     # podman backs a persistentVolumeClaim with the named volume of the same name: fill it.
     podman("volume", "rm", "--force", claim, check=False)
     podman("volume", "create", claim)
@@ -486,12 +493,14 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
     triton = podman_copy(
         named(objects, "Deployment", "slimserve-triton"),
         tmp_path,
+        run,
         {},
         {"http-port": str(http), "grpc-port": str(grpc_port), "metrics-port": str(metrics)},
     )
     scoring = podman_copy(
         named(objects, "Deployment", "slimserve-scoring"),
         tmp_path,
+        run,
         {
             "SLIMSERVE_SCORING_PORT": str(service_port),
             "SLIMSERVE_SCORING_METRICS_PORT": str(service_metrics),
@@ -509,9 +518,7 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
     def logs() -> str:
         names = podman("ps", "-a", "--format", "{{.Names}}", check=False).stdout.split()
         return "\n".join(
-            f"--- {n}\n" + podman("logs", "--tail", "30", n, check=False).stderr
-            for n in names
-            if n.startswith(("slimserve-triton", "slimserve-scoring"))
+            f"--- {n}\n" + podman("logs", "--tail", "30", n, check=False).stderr for n in names if run in n
         )
 
     started: list[Path] = []
