@@ -11,14 +11,15 @@ import json
 
 import pytest
 
-from slimserve.bench.grpc_load import LoadPlan, bench_service, score_requests
+from slimserve.bench.grpc_load import LoadPlan, bench_service, explain_requests, score_requests
 from slimserve.bench.perf_analyzer import PerfSettings
 from slimserve.bench.service import scoring_service
 from slimserve.bench.triton_bench import run_triton_bench
-from slimserve.bench.workload import load_calls, load_workload
+from slimserve.bench.workload import Workload, load_calls, load_workload
 from slimserve.bundle import bundle_dir_for
 from slimserve.cli import main
-from slimserve.serving.triton.launcher import free_port
+from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
+from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
 
 
 def read_csv(path) -> list[dict]:
@@ -120,3 +121,56 @@ def test_bench_report_on_the_tiny_model(tiny_repository, tiny_bundle, tmp_path, 
     ratios = json.loads((out / "results.json").read_text())["ratios"]
     assert any("off (max batch 1) at concurrency 4" in r["name"] for r in ratios)
     assert (out / "throughput_vs_p99.png").stat().st_size > 1000
+
+
+async def test_streams_of_the_tiny_generator(generator_repository):
+    """Explain streams through the ReasoningService (TTFT, tokens/s) and perf_analyzer --streaming on Triton."""
+    from slimserve.serving.reasoning.config import ReasoningServiceConfig
+    from slimserve.serving.reasoning.server import ReasoningServer
+
+    calls, source = load_calls(None, requests=3, candidates=1)
+    config = TritonServerConfig(
+        model_repository=generator_repository,
+        model_control_mode="explicit",
+        load_models=("generator",),
+        startup_timeout_s=120,
+    )
+    loop = asyncio.get_running_loop()
+    with TritonServer(config) as triton:
+        server = ReasoningServer(
+            ReasoningServiceConfig(
+                port=0,
+                metrics_port=-1,
+                triton_url=triton.grpc_url,
+                model_repository=generator_repository,
+                health_poll_interval_s=0.2,
+                drain_grace_s=2,
+            )
+        )
+        await server.start()
+        try:
+            assert await server.core.watcher.wait_until_ready(timeout=30)
+            plan = LoadPlan(concurrencies=(2,), rates=(4,), max_requests=6, max_seconds=3, warmup_requests=1)
+            points = await bench_service(
+                f"127.0.0.1:{server.port}", "Explain", explain_requests(calls, 8), plan
+            )
+        finally:
+            await server.stop(grace=1)
+        perf = await loop.run_in_executor(
+            None,
+            lambda: run_triton_bench(
+                generator_repository,
+                Workload(calls, [], (), source),
+                triton_url=triton.grpc_url,
+                concurrencies=(2,),
+                settings=PerfSettings(window_requests=5),
+                max_tokens=8,
+            ),
+        )
+    assert [(p.mode, p.load) for p in points] == [("closed", 2), ("open", 4)]
+    for point in points:
+        assert point.errors == {} and point.ok > 0 and point.items == point.ok
+        assert point.ttft is not None and 0 < point.ttft.p50_ms <= point.latency.p99_ms
+        assert 0 < point.tokens <= 8 * point.ok
+    assert [(p.model, p.bucket, p.mode) for p in perf] == [("generator", 0, "concurrency")]
+    assert perf[0].infer_per_s > 0

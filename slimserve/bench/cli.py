@@ -90,6 +90,7 @@ def _add_triton(kinds) -> None:
     parser.add_argument("--max-trials", type=int, default=3, help="measurement windows per load point")
     parser.add_argument("--stability", type=float, default=1000.0, help="perf_analyzer -s (percent)")
     parser.add_argument("--batch-size", type=int, default=1, help="perf_analyzer -b")
+    parser.add_argument("--max-tokens", type=int, default=32, help="generators: tokens generated per request")
     parser.add_argument("--csv", type=Path, help="write the typed points to this CSV file")
     parser.add_argument("--json", type=Path, help="write the typed points to this JSON file")
     _add_workload_args(parser)
@@ -97,20 +98,23 @@ def _add_triton(kinds) -> None:
 
 
 def _run_triton(args: argparse.Namespace) -> int:
-    from ..bundle import bundle_dir_for
+    from ..bundle import BundleError, bundle_dir_for
     from .perf_analyzer import PerfSettings
     from .report import write_csv
     from .triton_bench import format_perf_table, run_triton_bench
-    from .workload import load_workload
+    from .workload import Workload, load_calls, load_workload
 
     if not args.model_repository.is_dir():
         raise UserError(f"--model-repository {args.model_repository} does not exist")
-    workload = load_workload(
-        bundle_dir_for(args.model_repository, args.bundle_model),
-        args.dataset,
-        requests=args.requests,
-        candidates=args.candidates,
-    )
+    try:
+        bundle_dir = bundle_dir_for(args.model_repository, args.bundle_model)
+    except BundleError:
+        bundle_dir = None  # no scorer: only generators can be driven (their prompts need no scoring bundle)
+    if bundle_dir is not None:
+        workload = load_workload(bundle_dir, args.dataset, requests=args.requests, candidates=args.candidates)
+    else:
+        calls, source = load_calls(args.dataset, requests=args.requests, candidates=args.candidates)
+        workload = Workload(calls, [], (), source)
     print(f"workload: {workload.describe()}")
     settings = PerfSettings(args.window_requests, args.max_trials, args.stability, args.batch_size)
     models = tuple(m for m in args.models.split(",") if m)
@@ -124,6 +128,7 @@ def _run_triton(args: argparse.Namespace) -> int:
             request_rates=args.request_rate,
             buckets=args.buckets,
             settings=settings,
+            max_tokens=args.max_tokens,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

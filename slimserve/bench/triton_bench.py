@@ -1,14 +1,17 @@
 """``slimserve bench triton``: perf_analyzer over concurrency and request-rate ranges, per model and bucket.
 
-Each model of the repository that takes token tensors (``input_ids`` and optionally ``attention_mask``)
-is driven with the workload's real prompts, one ``--input-data`` file per length bucket; decoupled
-(streaming) models get ``--streaming``. Models with other inputs are skipped with the reason logged.
+Each model of the repository that takes token tensors is driven with real prompts of the workload:
+scorers (``input_ids`` and ``attention_mask``) with the scoring prompts, one ``--input-data`` file per
+length bucket; generators (``input_ids`` and ``max_tokens``, decoupled) with the explanation prompts of
+the same requests in the generator's chat format, unpadded, through ``--streaming``. Models with other
+required inputs are skipped with the reason logged.
 Triton is started on the repository unless ``triton_url`` names a running one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -29,7 +32,8 @@ from .perf_analyzer import (
 from .workload import Workload
 
 log = logging.getLogger(__name__)
-TOKEN_INPUTS = ("input_ids", "attention_mask")
+SCORER_INPUTS = ("input_ids", "attention_mask")
+GENERATOR_INPUTS = ("input_ids", "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class BenchModel:
     name: str
     inputs: tuple[str, ...]
     streaming: bool
+    generator: bool = False
 
 
 def bench_models(repository: Path, names: tuple[str, ...] = ()) -> list[BenchModel]:
@@ -49,11 +54,17 @@ def bench_models(repository: Path, names: tuple[str, ...] = ()) -> list[BenchMod
         if names and name not in names:
             continue
         config = parse_config_pbtxt(config_path.read_text())
-        inputs = tuple(t.name for t in config.input)
-        if not inputs or set(inputs) - set(TOKEN_INPUTS):
-            log.warning("perf_analyzer: skipping model %r: no real data for its inputs %s", name, inputs)
-            continue
-        found.append(BenchModel(name, inputs, config.model_transaction_policy.decoupled))
+        required = {t.name for t in config.input if not t.optional}
+        decoupled = config.model_transaction_policy.decoupled
+        if required and required <= set(SCORER_INPUTS):
+            inputs = tuple(t.name for t in config.input if t.name in SCORER_INPUTS)
+            found.append(BenchModel(name, inputs, decoupled))
+        elif required == set(GENERATOR_INPUTS):
+            found.append(BenchModel(name, GENERATOR_INPUTS, decoupled, generator=True))
+        else:
+            log.warning(
+                "perf_analyzer: skipping model %r: no real data for its inputs %s", name, sorted(required)
+            )
     missing = sorted(set(names) - {m.name for m in found})
     if missing:
         raise ValueError(f"--models: {missing} are not token-input models in {repository}")
@@ -88,8 +99,12 @@ def run_triton_bench(
     request_rates: tuple[float, ...] = (),
     buckets: tuple[int, ...] = (),
     settings: PerfSettings | None = None,
+    max_tokens: int = 32,
 ) -> list[PerfPoint]:
-    """perf_analyzer points for every model x bucket x (concurrency | request rate)."""
+    """perf_analyzer points for every model x bucket x (concurrency | request rate).
+
+    Generators have no buckets (their points carry bucket 0) and generate ``max_tokens`` per request.
+    """
     settings = settings or PerfSettings()
     binary = find_perf_analyzer()
     targets = bench_models(repository, models)
@@ -97,7 +112,7 @@ def run_triton_bench(
         raise ValueError(f"no model in {repository} takes token inputs")
     by_bucket = workload.by_bucket()
     chosen = [b for b in by_bucket if not buckets or b in buckets]
-    if not chosen:
+    if not chosen and any(not m.generator for m in targets):
         raise ValueError(f"--buckets {buckets}: the workload has prompts only in buckets {sorted(by_bucket)}")
     loads = [("concurrency", float(c)) for c in concurrencies] + [("request_rate", r) for r in request_rates]
     points: list[PerfPoint] = []
@@ -106,10 +121,27 @@ def run_triton_bench(
         tempfile.TemporaryDirectory(prefix="slimserve-perf-") as tmp,
     ):
         for model in targets:
-            for bucket in chosen:
-                data = write_input_data(
-                    Path(tmp) / f"{model.name}-{bucket}.json", by_bucket[bucket], bucket, model.inputs
-                )
+            inputs = (
+                [
+                    (
+                        0,
+                        generator_input_data(
+                            Path(tmp) / f"{model.name}.json", repository, model.name, workload, max_tokens
+                        ),
+                    )
+                ]
+                if model.generator
+                else [
+                    (
+                        bucket,
+                        write_input_data(
+                            Path(tmp) / f"{model.name}-{bucket}.json", by_bucket[bucket], bucket, model.inputs
+                        ),
+                    )
+                    for bucket in chosen
+                ]
+            )
+            for bucket, data in inputs:
                 for mode, load in loads:
                     csv_path = Path(tmp) / f"{model.name}-{bucket}-{mode}-{load:g}.csv"
                     command = perf_command(
@@ -119,6 +151,34 @@ def run_triton_bench(
                     text = run_point(command, csv_path, settings.timeout_s)
                     points += parse_perf_csv(text, model.name, bucket, settings.batch_size)
     return points
+
+
+def generator_input_data(
+    path: Path, repository: Path, model: str, workload: Workload, max_tokens: int
+) -> Path:
+    """``--input-data`` for a generator: each request's explanation prompt (chat format, the service's
+    tokenization), unpadded, with ``max_tokens``."""
+    from tokenizers import Tokenizer
+
+    from ..bundle import TOKENIZER_FILE
+    from ..generation_bundle import generation_bundle_dir, load_generation_bundle
+    from ..prompts import render_chat_prompt, render_explain_request
+
+    directory = generation_bundle_dir(repository, model)
+    bundle = load_generation_bundle(directory)
+    tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+    entries = []
+    for call in workload.calls:
+        text = render_chat_prompt(render_explain_request(call.member, call.items[0]))
+        ids = tokenizer.encode(text, add_special_tokens=False).ids[-(bundle.max_context - max_tokens) :]
+        entries.append(
+            {
+                "input_ids": {"content": ids, "shape": [len(ids)]},
+                "max_tokens": {"content": [max_tokens], "shape": [1]},
+            }
+        )
+    path.write_text(json.dumps({"data": entries}))
+    return path
 
 
 def format_perf_table(points: list[PerfPoint]) -> str:

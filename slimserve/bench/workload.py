@@ -47,6 +47,8 @@ class Workload:
         }
 
     def describe(self) -> str:
+        if not self.sequences:
+            return f"{len(self.calls)} requests from {self.source} (not tokenized for scoring)"
         sizes = ", ".join(f"{b}: {len(s)}" for b, s in self.by_bucket().items())
         return (
             f"{len(self.calls)} requests x {len(self.calls[0].items)} candidates from {self.source} "
