@@ -10,6 +10,7 @@ Why this path and not a hand-written wrapper: see docs/generator.md.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import subprocess
@@ -58,10 +59,9 @@ def save_hf_model(model, directory: Path, tokenizer_file: Path | None = None) ->
         model.save_pretrained(directory)
     except Exception as exc:  # GGUF-loaded models: "quantized" mark
         log.info("save_pretrained refused (%s): saving a fresh copy of the weights", exc)
-        config = model.config
-        for attribute in ("quantization_config",):
-            if hasattr(config, attribute):
-                delattr(config, attribute)
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
         with torch.no_grad():
             fresh = type(model)(config)
             fresh.load_state_dict(model.state_dict())

@@ -511,6 +511,7 @@ class TritonPythonModel:
             self.active_metric.set(self.engine.active)
 
     def _iteration(self):
+        steps, tokens = self.engine.stats.steps, self.engine.stats.tokens
         self._drop_cancelled()
         while self.engine.active < self.max_active:
             with self.cond:
@@ -524,18 +525,18 @@ class TritonPythonModel:
             self._next_key += 1
             self.running[key] = pending
             self._emit(self.engine.start(key, pending.job))
-            self.steps_metric.increment(1)
-        if self.engine.active:
-            events = self.engine.step()
-            self.steps_metric.increment(1)
-            for event in events:
-                self._emit(event)
-            if self.log_every and self.engine.stats.steps >= self._next_log:
-                self._next_log = self.engine.stats.steps + self.log_every
-                pb_utils.Logger.log_info(
-                    f"generator: step {self.engine.stats.steps}, batch {len(events)}, "
-                    f"queued {len(self.queue)}, tokens {self.engine.stats.tokens}"
-                )
+        batch = self.engine.active
+        for event in self.engine.step():
+            self._emit(event)
+        # One metric update per iteration: each is a message to the Triton process.
+        stats = self.engine.stats
+        self.steps_metric.increment(stats.steps - steps)
+        self.tokens_metric.increment(stats.tokens - tokens)
+        if batch and self.log_every and stats.steps >= self._next_log:
+            self._next_log = stats.steps + self.log_every
+            pb_utils.Logger.log_info(
+                f"generator: step {stats.steps}, batch {batch}, queued {len(self.queue)}, tokens {stats.tokens}"
+            )
 
     def _drop_cancelled(self):
         cancelled = [key for key, pending in self.running.items() if _is_cancelled(pending)]
@@ -551,7 +552,6 @@ class TritonPythonModel:
             self._finish(pending, "cancelled")
 
     def _emit(self, event):
-        self.tokens_metric.increment(1)
         pending = self.running[event.key]
         tokens = [] if event.token is None else [event.token]
         if event.finish_reason:
