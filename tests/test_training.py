@@ -98,6 +98,30 @@ def test_trainer_resumes_exactly_after_an_interruption(tmp_path):
     torch.testing.assert_close(resumed.data, reference.data)
 
 
+def test_trainer_keeps_the_weights_of_the_best_validation_epoch():
+    parameter = torch.nn.Parameter(torch.zeros(2))
+    scores = iter([0.5, 0.9, 0.7])  # epoch 2 is best; epoch 3 moves the weights on
+    seen = []
+
+    def validation_score() -> float:
+        seen.append(parameter.detach().clone())
+        return next(scores)
+
+    def plan(epoch: int):
+        return list(range(4))
+
+    report = train(
+        [parameter],
+        plan,
+        lambda _: ((parameter - torch.tensor([3.0, -2.0])) ** 2).sum(),
+        TrainConfig(epochs=3, batch_size=1, lr=0.1, warmup_ratio=0.0),
+        validation_score=validation_score,
+    )
+    assert report.epoch_scores == [0.5, 0.9, 0.7] and report.best_epoch == 2
+    assert not torch.equal(seen[1], seen[2])
+    torch.testing.assert_close(parameter.data, seen[1])
+
+
 def test_pad_right():
     ids, mask = pad_right([[5, 6, 7], [8]])
     assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]

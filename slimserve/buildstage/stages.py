@@ -64,8 +64,9 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     base = cached_logits(split, {"test": caches["test"]})["test"]
     rows = [evaluate("teacher", base, data, None, loaded_model)]
     if settings.finetune:
+        validation = (caches["validation"], data.labels["validation"]) if "validation" in caches else None
         report = finetune_top_layers(
-            split, caches["train"], data.labels["train"], settings.train, out / "checkpoint.pt"
+            split, caches["train"], data.labels["train"], settings.train, out / "checkpoint.pt", validation
         )
         log.info("teacher fine-tune: %s", report.as_dict())
     logits = cached_logits(split, caches)

@@ -12,6 +12,7 @@ from ..compression.batches import batch_indices, iterate_padded
 from ..compression.losses import distill_loss, label_loss
 from ..compression.split_scorer import HiddenCache, SplitScorer, top_logits
 from ..compression.trainer import TrainConfig, TrainReport, train
+from ..evaluation.metrics import auc
 from ..export.scorer_graph import ScorerGraph
 from .recipe import DistillSettings
 
@@ -19,9 +20,18 @@ log = logging.getLogger(__name__)
 
 
 def finetune_top_layers(
-    split: SplitScorer, cache: HiddenCache, labels: np.ndarray, config: TrainConfig, checkpoint: Path
+    split: SplitScorer,
+    cache: HiddenCache,
+    labels: np.ndarray,
+    config: TrainConfig,
+    checkpoint: Path,
+    validation: tuple[HiddenCache, np.ndarray] | None = None,
 ) -> TrainReport:
-    """Fit the top layers on cached bottom states with the label loss on the two label logits."""
+    """Fit the top layers on cached bottom states with the label loss on the two label logits.
+
+    With ``validation`` (a cache and its labels), the weights of the epoch with the best validation AUC
+    are kept.
+    """
     split.freeze_bottom()
     targets = torch.from_numpy(labels)
     lengths = cache.lengths()
@@ -36,10 +46,24 @@ def finetune_top_layers(
     split.graph.train()
     try:
         return train(
-            split.trainable_parameters(), plan, loss_fn, config, checkpoint, desc="teacher fine-tune"
+            split.trainable_parameters(),
+            plan,
+            loss_fn,
+            config,
+            checkpoint,
+            desc="teacher fine-tune",
+            validation_score=_validation_auc(split, *validation) if validation else None,
         )
     finally:
         split.graph.eval()
+
+
+def _validation_auc(split: SplitScorer, cache: HiddenCache, labels: np.ndarray):
+    def score() -> float:
+        logits = top_logits(split, cache)
+        return auc(labels, logits[:, 0] - logits[:, 1])
+
+    return score
 
 
 def teacher_split(graph: ScorerGraph, train_top_layers: int) -> SplitScorer:

@@ -46,6 +46,8 @@ class TrainReport:
     seconds: float = 0.0
     resumed_from_step: int = 0
     losses: list[float] = field(default_factory=list)
+    epoch_scores: list[float] = field(default_factory=list)  # validation score after each epoch
+    best_epoch: int | None = None  # the epoch whose weights were kept (1-based), when scored
 
     def as_dict(self) -> dict:
         tail = self.losses[-20:]
@@ -55,7 +57,31 @@ class TrainReport:
             "seconds": round(self.seconds, 1),
             "resumed_from_step": self.resumed_from_step,
             "final_loss": sum(tail) / len(tail) if tail else None,
+            "epoch_scores": [round(v, 4) for v in self.epoch_scores],
+            "best_epoch": self.best_epoch,
         }
+
+
+class _BestWeights:
+    """Keeps a copy of the parameters at their best validation score; restores it at the end."""
+
+    def __init__(self, parameters, score_fn: Callable[[], float], report: TrainReport):
+        self.parameters, self.score_fn, self.report = parameters, score_fn, report
+        self.best: list[torch.Tensor] | None = None
+
+    def epoch_end(self, epoch: int) -> None:
+        score = float(self.score_fn())
+        self.report.epoch_scores.append(score)
+        log.info("epoch %d: validation score %.4f", epoch, score)
+        if self.best is None or score > max(self.report.epoch_scores[:-1]):
+            self.best = [p.detach().clone() for p in self.parameters]
+            self.report.best_epoch = epoch
+
+    def restore(self) -> None:
+        if self.best is not None and self.report.best_epoch != len(self.report.epoch_scores):
+            log.info("keeping the weights of epoch %d (best validation score)", self.report.best_epoch)
+            for parameter, value in zip(self.parameters, self.best, strict=True):
+                parameter.data.copy_(value)
 
 
 def progress_bar(total: int, desc: str, unit: str = "prompt") -> tqdm:
@@ -77,25 +103,31 @@ def train(
     config: TrainConfig,
     checkpoint: Path | None = None,
     desc: str = "train",
+    validation_score: Callable[[], float] | None = None,
 ) -> TrainReport:
     """Run ``loss_fn`` over the planned micro-batches and optimize ``parameters``.
 
     ``plan(epoch)`` returns that epoch's micro-batch payloads (deterministic); ``loss_fn(payload)``
     returns a scalar loss. With ``checkpoint``, state is saved every ``checkpoint_every`` steps and a
-    later call resumes from it; the file is removed when training completes.
+    later call resumes from it; the file is removed when training completes. With
+    ``validation_score`` (higher is better), it is called after every whole epoch and the weights of
+    the best epoch are kept (epochs scored before a resume are not remembered).
     """
     parameters = [p for p in parameters if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
     whole_epochs = int(config.epochs) + (1 if config.epochs % 1 else 0)
     batches = []
+    epoch_ends: dict[int, int] = {}  # optimizer step after which an epoch is complete -> epoch (1-based)
     for epoch in range(whole_epochs):
         epoch_batches = plan(epoch)
         if epoch == whole_epochs - 1 and config.epochs % 1:
             epoch_batches = epoch_batches[: max(1, int(len(epoch_batches) * (config.epochs % 1)))]
         batches.extend(epoch_batches)
+        epoch_ends[max(1, len(batches) // config.grad_accum)] = epoch + 1
     total_steps = max(1, len(batches) // config.grad_accum)
     warmup = int(total_steps * config.warmup_ratio)
     report = TrainReport()
+    best = _BestWeights(parameters, validation_score, report) if validation_score else None
     start_step = 0
     if checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
@@ -124,12 +156,16 @@ def train(
             report.losses.append(step_loss)
             bar.set_postfix(loss=f"{step_loss:.4f}")
             bar.update(1)
+            if best is not None and step + 1 in epoch_ends:
+                best.epoch_end(epoch_ends[step + 1])
             if (
                 checkpoint is not None
                 and (step + 1) % config.checkpoint_every == 0
                 and step + 1 < total_steps
             ):
                 _save(checkpoint, parameters, optimizer, step + 1, report.losses)
+    if best is not None:
+        best.restore()
     report.steps = total_steps
     report.seconds = time.perf_counter() - started
     if checkpoint is not None and checkpoint.exists():
