@@ -123,7 +123,7 @@ def build_engine(
         cache_bytes = config.timing_cache.read_bytes()
         log.info("timing cache: %s (%d bytes)", config.timing_cache, len(cache_bytes))
     cache = builder_config.create_timing_cache(cache_bytes)
-    if not builder_config.set_timing_cache(cache, ignore_mismatch=False):
+    if not builder_config.set_timing_cache(cache, False):  # (cache, ignore_mismatch)
         raise BuildError(
             f"TensorRT rejected the timing cache {config.timing_cache} (another GPU or version?)"
         )
@@ -138,7 +138,7 @@ def build_engine(
         raise BuildError(f"TensorRT failed to build an engine from {onnx_path} (see the TensorRT log above)")
     _write_atomic(plan_path, bytes(serialized))
     if config.timing_cache is not None:
-        _write_atomic(config.timing_cache, bytes(builder_config.get_timing_cache().serialize()))
+        _write_atomic(config.timing_cache, bytes(cache.serialize()))  # grown by this build
     info = EngineInfo(
         plan=plan_path.name,
         onnx=str(onnx_path),
