@@ -66,7 +66,7 @@ def _stage_config(recipe: Recipe, stage: str) -> dict:
     }
     upstream["tensorrt"] = {
         **upstream["redistill"],
-        "tensorrt": recipe.tensorrt.model_dump(mode="json"),
+        "tensorrt": recipe.tensorrt.model_dump(mode="json", exclude={"instance_count", "warmup_max_batch"}),
         "buckets": list(recipe.publish.length_buckets),
         "max_batch_size": recipe.publish.max_batch_size,
     }
