@@ -285,3 +285,30 @@ def test_tensorrt_build_fails_first_and_clearly_without_tensorrt(tmp_path):
     with pytest.raises(BuildError, match=r"needs TensorRT.*nvcr.io/nvidia/tensorrt:24.10-py3"):
         run_build(recipe)
     assert not (tmp_path / "work").exists()  # nothing trained, nothing written
+
+
+def test_engines_of_one_student_share_a_directory_across_gpu_types(tmp_path):
+    from slimserve.buildstage.runner import _stage_config
+    from slimserve.buildstage.tensorrt_stage import engines_dir
+
+    recipe = load_recipe("gpu", overrides={"work_dir": str(tmp_path)})
+
+    def key(changed):
+        return engines_dir(changed, _stage_config(changed, "tensorrt"))
+
+    base = key(recipe)
+    assert base.parent == tmp_path / "engines"
+    publish_only = recipe.model_copy(
+        update={
+            "tensorrt": recipe.tensorrt.model_copy(update={"instance_count": 4, "warmup_max_batch": False})
+        }
+    )
+    assert key(publish_only) == base  # serving settings do not rebuild engines
+    for changed in (
+        recipe.model_copy(update={"tensorrt": recipe.tensorrt.model_copy(update={"smoothquant_alpha": 0.8})}),
+        recipe.model_copy(
+            update={"publish": recipe.publish.model_copy(update={"length_buckets": (128, 512)})}
+        ),
+        recipe.model_copy(update={"prune": recipe.prune.model_copy(update={"mlp_keep": 512})}),
+    ):
+        assert key(changed) != base
