@@ -31,8 +31,8 @@ def start_triton(
                 str(local),
                 f"--model-repository={repository}",
                 f"--grpc-port={port}",
-                "--http-port=0",
-                "--metrics-port=0",
+                "--allow-http=false",
+                "--allow-metrics=false",
             ]
         )
         return None, process, f"local {local}"
