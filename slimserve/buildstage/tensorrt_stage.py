@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -102,8 +103,11 @@ def run_tensorrt(
     require_parity(report, f"the {precision} engine {plan.name}")
 
     engines.mkdir(parents=True, exist_ok=True)
-    for produced in plan.parent.iterdir():
-        shutil.copy2(produced, engines / produced.name)
+    # the plan last, each file under a temp name first: a half-copied engine is never published
+    for produced in sorted(plan.parent.iterdir(), key=lambda p: p == plan):
+        tmp = engines / f".{produced.name}.tmp"
+        shutil.copy2(produced, tmp)
+        os.replace(tmp, engines / produced.name)
     row = evaluate_scores(
         f"TensorRT {precision} (sm{cc[0]}{cc[1]})",
         scores,
