@@ -10,6 +10,7 @@ closed, which cancels the request in the model). The last event is a ``Generatio
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -188,6 +189,17 @@ class ReasoningCore(ServiceCore):
             )
         return room
 
+    def _request(self, user_text: str, options: ResolvedOptions, field: str) -> GenerationRequest:
+        """The model's request: chat prompt token ids, max_tokens fitted to the context, sampling."""
+        ids = self.encode(user_text)
+        return GenerationRequest(
+            input_ids=ids,
+            max_tokens=self.fit_max_tokens(len(ids), options, field),
+            temperature=options.temperature,
+            top_p=options.top_p,
+            seed=options.seed,
+        )
+
     async def _stream(
         self,
         clock: _Clock,
@@ -198,14 +210,7 @@ class ReasoningCore(ServiceCore):
         request_id: str,
     ) -> AsyncIterator[str | GenerationSummary]:
         self.check_serving()
-        ids = self.encode(user_text)
-        request = GenerationRequest(
-            input_ids=ids,
-            max_tokens=self.fit_max_tokens(len(ids), options, field),
-            temperature=options.temperature,
-            top_p=options.top_p,
-            seed=options.seed,
-        )
+        request = self._request(user_text, options, field)
         budget = self.config.default_timeout_s if timeout_s is None else timeout_s
         remaining = budget - (time.perf_counter() - clock.start)
         if remaining <= 0:
@@ -239,8 +244,11 @@ class ReasoningCore(ServiceCore):
             if isinstance(exc, Unavailable):
                 self.watcher.notify_unavailable()
             raise
-        except BaseException:
+        except (asyncio.CancelledError, GeneratorExit):  # the caller left (or stopped reading)
             outcome = "CANCELLED"
+            raise
+        except Exception:
+            outcome = "INTERNAL"
             raise
         finally:
             await steps.aclose()
@@ -249,7 +257,7 @@ class ReasoningCore(ServiceCore):
         summary = GenerationSummary(
             finish_reason=finish,
             stop_string=stops.matched,
-            prompt_tokens=len(ids),
+            prompt_tokens=len(request.input_ids),
             tokens_generated=clock.tokens,
             time_to_first_token_ms=clock.ttft_ms,
             tokens_per_second=clock.tokens_per_second,

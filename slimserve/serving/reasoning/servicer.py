@@ -8,6 +8,7 @@ by the interceptor; an error after the first chunk ends the stream with that sta
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from slimserve.v1 import common_pb2, reasoning_pb2, reasoning_pb2_grpc
 
@@ -70,13 +71,14 @@ class ReasoningServicer(reasoning_pb2_grpc.ReasoningServiceServicer):
 
     async def _chunks(self, events: AsyncIterator, request_id: str) -> AsyncIterator[reasoning_pb2.TextChunk]:
         index = 0
-        async for event in events:
-            if isinstance(event, GenerationSummary):
-                metadata = metadata_to_proto(event, self.core, request_id)
-                yield reasoning_pb2.TextChunk(index=index, metadata=metadata)
-                return
-            yield reasoning_pb2.TextChunk(text=event, index=index)
-            index += 1
+        async with aclosing(events):  # closing the chunks closes the core's stream (and Triton's) at once
+            async for event in events:
+                if isinstance(event, GenerationSummary):
+                    metadata = metadata_to_proto(event, self.core, request_id)
+                    yield reasoning_pb2.TextChunk(index=index, metadata=metadata)
+                    return
+                yield reasoning_pb2.TextChunk(text=event, index=index)
+                index += 1
 
     async def Explain(self, request: reasoning_pb2.ExplainRequest, context):
         request_id = current_request_id()
@@ -89,8 +91,9 @@ class ReasoningServicer(reasoning_pb2_grpc.ReasoningServiceServicer):
             timeout_s=self._timeout(context),
             request_id=request_id,
         )
-        async for chunk in self._chunks(events, request_id):
-            yield chunk
+        async with aclosing(self._chunks(events, request_id)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     async def Generate(self, request: reasoning_pb2.GenerateRequest, context):
         request_id = current_request_id()
@@ -100,5 +103,6 @@ class ReasoningServicer(reasoning_pb2_grpc.ReasoningServiceServicer):
             timeout_s=self._timeout(context),
             request_id=request_id,
         )
-        async for chunk in self._chunks(events, request_id):
-            yield chunk
+        async with aclosing(self._chunks(events, request_id)) as chunks:
+            async for chunk in chunks:
+                yield chunk
