@@ -2,39 +2,21 @@
 
 from __future__ import annotations
 
-import queue
 import re
 import shutil
 import signal
 import subprocess
-import threading
-import time
 
 import psutil
 
 from slimserve.serving.triton.launcher import free_port
 from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
-from tests.test_cli import CLI, run_cli
+from tests.test_cli import CLI, _read_until, run_cli
 
 METADATA = re.compile(
     r"model generator v1 \(bundle [0-9a-f]{12}\), request (\S+): (\d+) tokens after a (\d+)-token prompt, "
     r"finish (\w[\w ']*); first token [\d.]+ ms, [\d.]+ tokens/s, total [\d.]+ ms"
 )
-
-
-def wait_for_line(lines: queue.Queue, text: str, process: subprocess.Popen, timeout_s: float) -> list[str]:
-    seen = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            assert process.poll() is None, "".join(seen)
-            continue
-        seen.append(line)
-        if text in line:
-            return seen
-    raise AssertionError(f"{text!r} not printed within {timeout_s} s:\n{''.join(seen)}")
 
 
 def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, generator_repository):
@@ -61,10 +43,9 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in up.stdout], daemon=True).start()
+    printed = ""
     try:
-        printed = wait_for_line(lines, "Serving; Ctrl-C to stop.", up, timeout_s=180)
+        printed = _read_until(up, "Serving; Ctrl-C to stop.", timeout_s=180)
         children = psutil.Process(up.pid).children(recursive=True)
         target = f"127.0.0.1:{reasoning_port}"
 
@@ -90,8 +71,7 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)
-    output = "".join(printed)
     assert up.returncode == 0
-    assert "ReasoningService on" in output and "Sample explanation" in output
-    assert METADATA.search(output), output
+    assert "ReasoningService on" in printed and "Sample explanation" in printed
+    assert METADATA.search(printed), printed
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
