@@ -15,7 +15,14 @@ import pytest
 from slimserve.bench.compare import CompareResult, ServedRun
 from slimserve.bench.grpc_load import CallOutcome, LoadPoint, check_loopback, closed_loop, open_loop
 from slimserve.bench.inprocess import EngineResult
-from slimserve.bench.perf_analyzer import PerfSettings, input_data_json, parse_perf_csv, perf_command
+from slimserve.bench.perf_analyzer import (
+    PerfAnalyzerError,
+    PerfSettings,
+    input_data_json,
+    measure_point,
+    parse_perf_csv,
+    perf_command,
+)
 from slimserve.bench.ratios import compute_ratios, format_ratios
 from slimserve.bench.stats import LatencySummary
 from slimserve.errors import UserError
@@ -91,6 +98,22 @@ def test_perf_command_modes_and_streaming(tmp_path):
         perf_command(*base, "burst", 1, settings)
     with pytest.raises(ValueError, match="max_trials"):
         PerfSettings(max_trials=2)
+
+
+def test_unstable_measurement_is_retried_once_with_larger_windows(tmp_path):
+    csv_path, seen = tmp_path / "points.csv", []
+
+    def make_command(settings: PerfSettings) -> list[str]:
+        seen.append(settings)
+        if len(seen) == 1:  # what perf_analyzer prints and returns when its windows never agree
+            return ["sh", "-c", "echo 'Failed to obtain stable measurement.'; exit 2"]
+        return ["sh", "-c", f"printf '%s' '{CONCURRENCY_CSV}' > {csv_path}"]
+
+    text = measure_point(make_command, csv_path, PerfSettings(window_requests=10))
+    assert [(s.window_requests, s.max_trials) for s in seen] == [(10, 3), (20, 6)]
+    assert parse_perf_csv(text, "scorer", 96)[0].load == 4.0
+    with pytest.raises(PerfAnalyzerError, match="exited with 3"):
+        measure_point(lambda _: ["sh", "-c", "exit 3"], tmp_path / "none.csv", PerfSettings())
 
 
 def test_workload_requests_from_a_dataset_split():

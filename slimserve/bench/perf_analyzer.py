@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..cache import cache_dir
@@ -35,6 +35,13 @@ LIBRARIES = {"libb64.so.0d": "libb64-*.so.0d", "libcudart.so.12": "libcudart-*.s
 
 class PerfAnalyzerError(RuntimeError):
     """perf_analyzer could not be obtained, started, or it failed (the message carries its output)."""
+
+
+class UnstableMeasurement(PerfAnalyzerError):
+    """perf_analyzer's windows never agreed within its stability percentage (it exits 2, no CSV)."""
+
+
+_UNSTABLE = "Failed to obtain stable measurement"
 
 
 # -- the binary and its libraries ----------------------------------------------------------------------
@@ -305,5 +312,23 @@ def run_point(command: list[str], csv_path: Path, timeout_s: float) -> str:
         raise PerfAnalyzerError(f"perf_analyzer did not finish within {timeout_s:g} s: {command}") from exc
     if done.returncode != 0 or not csv_path.is_file():
         output = (done.stdout + done.stderr).strip()[-3000:]
-        raise PerfAnalyzerError(f"perf_analyzer exited with {done.returncode}: {output}")
+        kind = UnstableMeasurement if _UNSTABLE in output else PerfAnalyzerError
+        raise kind(f"perf_analyzer exited with {done.returncode}: {output}")
     return csv_path.read_text()
+
+
+def measure_point(
+    make_command: Callable[[PerfSettings], list[str]], csv_path: Path, settings: PerfSettings
+) -> str:
+    """Run one load point; when perf_analyzer finds no stable windows, retry once with twice the window
+    and three more windows (seen on a loaded machine even with the permissive default stability)."""
+    try:
+        return run_point(make_command(settings), csv_path, settings.timeout_s)
+    except UnstableMeasurement:
+        retry = replace(
+            settings, window_requests=2 * settings.window_requests, max_trials=settings.max_trials + 3
+        )
+        log.warning(
+            "perf_analyzer: no stable measurement; retrying with %d-request windows", retry.window_requests
+        )
+        return run_point(make_command(retry), csv_path, settings.timeout_s)

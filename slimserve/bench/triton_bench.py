@@ -11,6 +11,7 @@ Triton is started on the repository unless ``triton_url`` names a running one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import tempfile
@@ -24,9 +25,9 @@ from .perf_analyzer import (
     PerfPoint,
     PerfSettings,
     find_perf_analyzer,
+    measure_point,
     parse_perf_csv,
     perf_command,
-    run_point,
     write_input_data,
 )
 from .workload import Workload
@@ -144,11 +145,20 @@ def run_triton_bench(
             for bucket, data in inputs:
                 for mode, load in loads:
                     csv_path = Path(tmp) / f"{model.name}-{bucket}-{mode}-{load:g}.csv"
-                    command = perf_command(
-                        binary, model.name, url, data, csv_path, mode, load, settings, model.streaming
+
+                    command = functools.partial(
+                        perf_command,
+                        binary,
+                        model.name,
+                        url,
+                        data,
+                        csv_path,
+                        mode,
+                        load,
+                        streaming=model.streaming,
                     )
                     log.info("perf_analyzer: %s bucket %d %s %g", model.name, bucket, mode, load)
-                    text = run_point(command, csv_path, settings.timeout_s)
+                    text = measure_point(command, csv_path, settings)
                     points += parse_perf_csv(text, model.name, bucket, settings.batch_size)
     return points
 
