@@ -249,6 +249,10 @@ def render_summary(result: CompareResult) -> str:
     return "\n".join(parts)
 
 
+def _load_average() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
 def render_markdown(
     result: CompareResult, inputs: ReportInputs, ratios: list[Ratio], stage_rows: list[dict], plots: list[str]
 ) -> str:
@@ -259,7 +263,8 @@ def render_markdown(
         f"Command: `{inputs.command}`",
         "",
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gb']} GB, {machine['os']}, "
-        f"Python {machine['python']}; load average at start {machine['load_average_1_5_15']}.",
+        f"Python {machine['python']}; load average (1, 5, 15 min) at start {machine['load_average_1_5_15']}, "
+        f"at the end {_load_average()}.",
     ]
     if inputs.note:
         parts += ["", f"**Note:** {inputs.note}"]
