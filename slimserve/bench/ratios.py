@@ -35,6 +35,17 @@ class Ratio:
     def as_dict(self) -> dict:
         return asdict(self) | {"met": self.met, "target_text": self.target_text()}
 
+    @classmethod
+    def of_items(cls, name: str, numerator: float, denominator: float, target: float | None = None) -> Ratio:
+        """A ratio of two throughputs in items/s (at least ``target`` when given)."""
+        return cls(
+            name,
+            _div(numerator, denominator),
+            f"{numerator:.1f} items/s",
+            f"{denominator:.1f} items/s",
+            target,
+        )
+
 
 def _div(a: float, b: float) -> float:
     return a / b if b else float("nan")
@@ -50,22 +61,20 @@ def compute_ratios(result: CompareResult) -> list[Ratio]:
         floor, torch = result.engine(variant, ORT_FLOOR), result.engine(variant, PYTORCH)
         if floor and torch:
             ratios.append(
-                Ratio(
+                Ratio.of_items(
                     f"{variant}: ONNX Runtime / PyTorch in process",
-                    _div(floor.items_per_s, torch.items_per_s),
-                    f"{floor.items_per_s:.1f} items/s",
-                    f"{torch.items_per_s:.1f} items/s",
+                    floor.items_per_s,
+                    torch.items_per_s,
                 )
             )
         run = result.run(variant, main)
         best = run.best() if run else None
         if floor and best:
             ratios.append(
-                Ratio(
+                Ratio.of_items(
                     f"{variant}: slimserve best concurrency ({best.load:g}) / ONNX Runtime floor",
-                    _div(best.items_per_s, floor.items_per_s),
-                    f"{best.items_per_s:.1f} items/s",
-                    f"{floor.items_per_s:.1f} items/s",
+                    best.items_per_s,
+                    floor.items_per_s,
                     0.8 if variant == published else None,
                 )
             )
@@ -100,11 +109,10 @@ def _batching_ratios(result: CompareResult, variant: str) -> list[Ratio]:
         if run.variant != variant or run.batching == "off" or point is None:
             continue
         ratios.append(
-            Ratio(
+            Ratio.of_items(
                 f"{variant}: {run.batching} / off (max batch 1) at concurrency {concurrency}",
-                _div(point.items_per_s, base.items_per_s),
-                f"{point.items_per_s:.1f} items/s",
-                f"{base.items_per_s:.1f} items/s",
+                point.items_per_s,
+                base.items_per_s,
                 2.5,
             )
         )
@@ -125,11 +133,10 @@ def _variant_ratios(result: CompareResult, variants: list[str], main: str | None
         if best is None:
             continue
         ratios.append(
-            Ratio(
+            Ratio.of_items(
                 f"{variant} / {variants[0]}: slimserve end to end, best concurrency",
-                _div(best.items_per_s, base.items_per_s),
-                f"{best.items_per_s:.1f} items/s",
-                f"{base.items_per_s:.1f} items/s",
+                best.items_per_s,
+                base.items_per_s,
                 8.0 if variant == variants[-1] else None,
             )
         )

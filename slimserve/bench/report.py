@@ -116,6 +116,18 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Labels, grid, legend; save as PNG and close."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_throughput_vs_p99(result: CompareResult, path: Path) -> None:
     """Closed-loop points of every served run: items/s (x) against p99 latency (y), labelled by concurrency."""
     plt = _pyplot()
@@ -140,15 +152,16 @@ def plot_throughput_vs_p99(result: CompareResult, path: Path) -> None:
                 ha="right",
                 color="gray",
             )
-    ax.set_xlabel("items/s (slimserve gRPC -> Triton, closed loop)")
-    ax.set_ylabel("p99 latency per request (ms)")
     ax.set_yscale("log")
-    ax.set_title("Throughput vs p99 latency per variant")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(
+        plt,
+        fig,
+        ax,
+        path,
+        "items/s (slimserve gRPC -> Triton, closed loop)",
+        "p99 latency per request (ms)",
+        "Throughput vs p99 latency per variant",
+    )
 
 
 def plot_quality_vs_throughput(rows: list[dict], path: Path) -> bool:
@@ -172,14 +185,7 @@ def plot_quality_vs_throughput(rows: list[dict], path: Path) -> bool:
             for x, y, stage in points:
                 ax.annotate(stage, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xscale("log")
-    ax.set_xlabel("items/s")
-    ax.set_ylabel("test AUC")
-    ax.set_title("Quality vs throughput per build stage")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, "items/s", "test AUC", "Quality vs throughput per build stage")
     return True
 
 
