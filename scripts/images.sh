@@ -30,7 +30,7 @@ make_base() {
     log "base image $BASE_IMAGE is missing: pull it first (builds run with --pull=never)"
     exit 1
   fi
-  log "making $LOCAL_BASE with debootstrap (about a minute)"
+  log "making $LOCAL_BASE with debootstrap (a few minutes)"
   local rootfs status=0
   rootfs="$(mktemp -d)"
   {
