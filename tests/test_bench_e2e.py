@@ -101,7 +101,12 @@ def test_bench_report_on_the_tiny_model(tiny_repository, tiny_bundle, tmp_path, 
     assert "**Note:** test run" in text and "## Ratios and targets" in text
     assert "dynamic batching off (max batch 1)" in text and "queue delay 0 us" in text
     engines = read_csv(out / "engines.csv")
-    assert [e["engine"] for e in engines] == ["onnxruntime in process", "pytorch in process"]
+    assert [e["engine"] for e in engines] == [
+        "onnxruntime in process",
+        "pytorch in process",
+        "onnxruntime in process (end of run)",
+    ]
+    assert "ONNX Runtime floor of tiny:" in text
     load = read_csv(out / "grpc_load.csv")
     assert {(r["batching"], r["mode"]) for r in load} == {
         ("off", "closed"),

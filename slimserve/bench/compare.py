@@ -11,6 +11,7 @@ targets are stated in: on noisy machines, ratios from one run are what hold.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import tempfile
 import time
@@ -19,12 +20,14 @@ from pathlib import Path
 
 from ..cache import cache_dir
 from .grpc_load import LoadPlan, LoadPoint, bench_service, open_loop, score_call, score_requests
-from .inprocess import EngineResult, load_torch_scorer, onnx_floor, torch_speed
+from .inprocess import ORT_FLOOR, EngineResult, load_torch_scorer, onnx_floor, torch_speed
 from .perf_analyzer import PerfPoint, PerfSettings
 from .variants import Batching, Variant, batching_configs, template_note, write_variant_repository
 from .workload import Workload
 
 log = logging.getLogger(__name__)
+
+ORT_FLOOR_AGAIN = "onnxruntime in process (end of run)"
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,15 @@ class CompareResult:
 
     def engine(self, variant: str, engine: str) -> EngineResult | None:
         return next((e for e in self.engines if e.variant == variant and e.engine == engine), None)
+
+    def floor_items_per_s(self, variant: str) -> float | None:
+        """The ONNX Runtime floor of a variant (mean of the start and end measurements when both exist)."""
+        values = [
+            e.items_per_s
+            for e in self.engines
+            if e.variant == variant and e.engine in (ORT_FLOOR, ORT_FLOOR_AGAIN)
+        ]
+        return sum(values) / len(values) if values else None
 
     def run(self, variant: str, batching: str) -> ServedRun | None:
         return next((r for r in self.served if r.variant == variant and r.batching == batching), None)
@@ -184,6 +196,19 @@ def measure_engines(
     return results
 
 
+def drift_note(engines: list[EngineResult], variant: str) -> str | None:
+    """The published variant's floor before and after the served runs (the ratios use their mean)."""
+    first = next((e for e in engines if e.variant == variant and e.engine == ORT_FLOOR), None)
+    last = next((e for e in engines if e.variant == variant and e.engine == ORT_FLOOR_AGAIN), None)
+    if first is None or last is None:
+        return None
+    change = (last.items_per_s - first.items_per_s) / first.items_per_s * 100 if first.items_per_s else 0.0
+    return (
+        f"ONNX Runtime floor of {variant}: {first.items_per_s:.1f} items/s at the start, {last.items_per_s:.1f} "
+        f"after the served runs ({change:+.0f} %); the ratios to the floor use the mean of the two."
+    )
+
+
 def run_compare(
     variants: list[Variant], bundle_dir: Path, workload: Workload, settings: CompareSettings | None = None
 ) -> CompareResult:
@@ -207,9 +232,13 @@ def run_compare(
         served.append(
             serve_variant(variants[-1], batching, bundle_dir, workload, settings, perf=batching is main)
         )
+    # The published variant's floor once more, after the served runs: how far the machine drifted.
+    published = variants[-1]
+    again = onnx_floor(published.name, published.onnx, workload, settings.engine_seconds, settings.batch_size)
+    engines.append(dataclasses.replace(again, engine=ORT_FLOOR_AGAIN))
     settings_dict = asdict(settings) | {"main_batching": main.name}
     stages = {v.name: v.stage for v in variants if v.stage}
-    notes = [n for n in (template_note(bundle_dir),) if n]
+    notes = [n for n in (template_note(bundle_dir), drift_note(engines, published.name)) if n]
     return CompareResult(
         workload.describe(), settings_dict, engines, served, time.perf_counter() - started, stages, notes
     )

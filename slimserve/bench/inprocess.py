@@ -14,6 +14,9 @@ from pathlib import Path
 from ..export.parity import padded_batches
 from .workload import Workload
 
+ORT_FLOOR = "onnxruntime in process"
+PYTORCH = "pytorch in process"
+
 
 @dataclass(frozen=True)
 class EngineResult:
@@ -42,7 +45,7 @@ def onnx_floor(
     )
     return EngineResult(
         variant,
-        "onnxruntime in process",
+        ORT_FLOOR,
         speed.items_per_s_batch32,
         batch_size,
         speed.threads,
@@ -88,4 +91,4 @@ def torch_speed(
             elapsed += time.perf_counter() - started
             items += len(ids)
             runs += 1
-    return EngineResult(variant, "pytorch in process", items / elapsed, batch_size, torch.get_num_threads())
+    return EngineResult(variant, PYTORCH, items / elapsed, batch_size, torch.get_num_threads())

@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .compare import CompareResult
-
-ORT_FLOOR = "onnxruntime in process"
-PYTORCH = "pytorch in process"
+from .inprocess import ORT_FLOOR, PYTORCH
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,13 @@ def compute_ratios(result: CompareResult) -> list[Ratio]:
             )
         run = result.run(variant, main)
         best = run.best() if run else None
-        if floor and best:
+        floor_items = result.floor_items_per_s(variant)
+        if floor_items and best:
             ratios.append(
                 Ratio.of_items(
                     f"{variant}: slimserve best concurrency ({best.load:g}) / ONNX Runtime floor",
                     best.items_per_s,
-                    floor.items_per_s,
+                    floor_items,
                     0.8 if variant == published else None,
                 )
             )

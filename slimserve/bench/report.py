@@ -20,6 +20,7 @@ from pathlib import Path
 from .compare import CompareResult
 from .environment import machine_info, versions
 from .grpc_load import LoadPoint, format_load_table
+from .inprocess import ORT_FLOOR, PYTORCH
 from .ratios import Ratio, compute_ratios, format_ratios
 from .triton_bench import format_perf_table
 
@@ -141,7 +142,7 @@ def plot_throughput_vs_p99(result: CompareResult, path: Path) -> None:
         for p, x, y in zip(points, xs, ys, strict=True):
             ax.annotate(f"c{p.load:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     for engine in result.engines:
-        if engine.engine == "onnxruntime in process":
+        if engine.engine == ORT_FLOOR:
             ax.axvline(engine.items_per_s, linestyle=":", linewidth=1, color="gray")
             ax.annotate(
                 f"ORT floor {engine.variant}",
@@ -211,16 +212,16 @@ def _headline(result: CompareResult) -> str:
     """One row per variant: floor, PyTorch, slimserve best."""
     main = result.settings.get("main_batching")
     lines = [
-        "| variant | ONNX Runtime floor items/s | PyTorch items/s | slimserve items/s (best concurrency) | p99 ms there |",
+        "| variant | ONNX Runtime floor items/s (mean of start and end where measured twice) | PyTorch items/s | slimserve items/s (best concurrency) | p99 ms there |",
         "|---|---:|---:|---:|---:|",
     ]
     for variant in result.variants:
-        floor = result.engine(variant, "onnxruntime in process")
-        torch = result.engine(variant, "pytorch in process")
+        floor = result.floor_items_per_s(variant)
+        torch = result.engine(variant, PYTORCH)
         run = result.run(variant, main)
         best = run.best() if run else None
         cells = [
-            f"{floor.items_per_s:.1f}" if floor else "-",
+            f"{floor:.1f}" if floor else "-",
             f"{torch.items_per_s:.1f}" if torch else "-",
             f"{best.items_per_s:.1f} (c{best.load:g})" if best else "-",
             f"{best.latency.p99_ms:.0f}" if best else "-",
