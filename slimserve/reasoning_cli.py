@@ -43,7 +43,12 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     parser.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     parser.add_argument("--seed", type=int, help="sampler seed (same seed, same text)")
-    parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="a stop string (repeatable; \\n and \\t mean newline, tab)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     parser.add_argument("--request-id", default="", help="request id for logs and metadata")
 
@@ -51,7 +56,8 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace):
     from .reasoning_client import build_options
 
-    return build_options(args.max_tokens, args.temperature, args.top_p, args.seed, args.stop)
+    stops = [stop.replace("\\n", "\n").replace("\\t", "\t") for stop in args.stop]
+    return build_options(args.max_tokens, args.temperature, args.top_p, args.seed, stops)
 
 
 def _stream(args: argparse.Namespace, request) -> int:
