@@ -217,12 +217,20 @@ async def test_a_full_model_queue_is_resource_exhausted(stub):
 
 
 async def test_deadline_ends_the_stream_and_the_model_request(triton, stub):
+    """The 4 slots are busy, so the request waits in the model's queue until its deadline: the caller
+    gets DEADLINE_EXCEEDED and the model drops the request (counted as cancelled)."""
+    busy = [stub.Generate(generate_request(f"Busy {i}", sampled(seed=20 + i)), timeout=30) for i in range(4)]
+    await asyncio.gather(*(call.read() for call in busy))  # all four are decoding
     cancelled_before = generator_metric(triton, "cancelled")
-    call = stub.Generate(generate_request("A long story", sampled(LONG, seed=11)), timeout=0.3)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await collect(call)
-    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await wait_for_metric(triton, "cancelled", cancelled_before + 1)
+    try:
+        call = stub.Generate(generate_request("A long story", sampled(seed=11)), timeout=0.3)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(call)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await wait_for_metric(triton, "cancelled", cancelled_before + 1)
+    finally:
+        for other in busy:
+            other.cancel()
 
 
 @pytest.mark.parametrize(
