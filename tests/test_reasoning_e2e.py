@@ -344,3 +344,26 @@ async def test_sigterm_drains_a_running_stream(generator_repository, triton):
             process.wait()
     output = process.stdout.read()
     assert "draining" in output and "stopped" in output
+
+
+async def test_reflection_and_metrics(generator_repository, triton):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    server = ReasoningServer(service_config(generator_repository, triton.grpc_url, metrics_port=0))
+    await server.start()
+    try:
+        assert await server.core.watcher.wait_until_ready(timeout=30)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(iter([request]))
+            names = {s.name async for reply in replies for s in reply.list_services_response.service}
+            assert {"slimserve.v1.ReasoningService", "grpc.health.v1.Health"} <= names
+            stub = reasoning_pb2_grpc.ReasoningServiceStub(channel)
+            await collect(stub.Explain(explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=5))))
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    finally:
+        await server.stop(grace=1)
+    assert 'slimserve_grpc_requests_total{code="OK",method="ReasoningService/Explain"} 1.0' in text
+    assert "slimserve_generation_time_to_first_token_seconds_count 1.0" in text
+    assert re.search(r'slimserve_generation_tokens_total\{finish_reason="(length|stop)"\} [1-5]\.0', text)
