@@ -15,11 +15,7 @@ from slimserve.export.generator_parity import (
     onnx_greedy,
     torch_greedy,
 )
-from slimserve.export.generator_repository import (
-    REPORT_FILE,
-    build_tiny_generator_repository,
-    publish_generator,
-)
+from slimserve.export.generator_repository import REPORT_FILE, publish_generator
 from slimserve.export.onnx_export import ExportError
 from slimserve.export.repository import list_versions
 from slimserve.export.teacher import load_teacher
@@ -35,6 +31,7 @@ from slimserve.triton_models.generator import (
     Sampler,
     parse_request,
 )
+from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (session fixture)
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_new_tokens_limit=32)
 
@@ -45,10 +42,9 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    """The tiny generator repository (real builder, parity gate and publish)."""
-    repository = tmp_path_factory.mktemp("repo")
-    return repository, build_tiny_generator_repository(repository)
+def published(generator_repository):
+    """The session's tiny generator repository (real builder, parity gate and publish) and its version dir."""
+    return generator_repository, generator_repository / "generator" / "1"
 
 
 def test_kv_batch_right_pads_rows_and_drops_columns_no_row_needs():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 import tempfile
@@ -38,8 +39,9 @@ def _single_stream(engine, request) -> dict:
 
 
 def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) -> dict:
-    """Single-stream decode tokens/s (mean over ``streams`` prompts) and the batched rate over all prompts."""
-    from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder, generate
+    """Single-stream decode tokens/s (mean over ``streams`` prompts), then all prompts as one batch:
+    their prefills (one by one) and the batched decode steps after them, timed apart."""
+    from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
 
     engine = BatchEngine(OnnxDecoder(onnx_path), eos_token_ids=())
     requests = [GenerationRequest(tuple(s), new_tokens) for s in sequences]
@@ -47,12 +49,19 @@ def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) 
     runs = [_single_stream(engine, request) for request in requests[:streams]]
     tokens = sum(r["decode_tokens"] for r in runs)
     started = time.perf_counter()
-    generate(engine, requests)
-    batched_s = time.perf_counter() - started
+    for index, request in enumerate(requests):
+        engine.start(index, request)
+    prefilled = time.perf_counter()
+    steps = 0
+    while engine.active:
+        engine.step()
+        steps += 1
+    decoded = time.perf_counter()
     return {
         "single_stream_decode_tokens_per_s": tokens / sum(r["decode_s"] for r in runs),
         "single_stream_ttft_s": sum(r["ttft_s"] for r in runs) / len(runs),
-        f"batch{len(requests)}_tokens_per_s": len(requests) * new_tokens / batched_s,
+        f"batch{len(requests)}_prefill_s": prefilled - started,
+        f"batch{len(requests)}_decode_tokens_per_s": steps * len(requests) / (decoded - prefilled),
     }
 
 
@@ -63,7 +72,9 @@ def torch_speed(model, sequence, new_tokens: int) -> dict:
     return {"tokens_per_s_with_prefill": new_tokens / (time.perf_counter() - started)}
 
 
-def measure(teacher: str, precisions, prompts: int, new_tokens: int) -> dict:
+def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threads: int = 1) -> dict:
+    import torch
+
     from .teacher import load_teacher
 
     loaded = load_teacher(teacher)
@@ -74,10 +85,13 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int) -> dict:
         "prompt_tokens": [len(s) for s in sequences],
         "new_tokens": new_tokens,
     }
+    # One torch thread: on a shared 2-core host two OpenMP threads ran 5-10x slower than one (measured).
+    torch.set_num_threads(torch_threads)
     started = time.perf_counter()
     reference = torch_greedy(loaded.model, sequences, new_tokens)
     result["torch_reference_s"] = time.perf_counter() - started
-    result["torch"] = torch_speed(loaded.model, sequences[0], new_tokens)
+    result["torch"] = {"threads": torch_threads, **torch_speed(loaded.model, sequences[0], new_tokens)}
+    result["load_average_1m"] = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-measure-") as tmp:
         hf_dir = save_hf_model(loaded.model, Path(tmp) / "hf", loaded.tokenizer_file)
         for precision in precisions:
@@ -88,6 +102,7 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int) -> dict:
                 "onnx_mb": graph.size_bytes / 1e6,
                 "parity": parity.as_dict(),
                 **decode_speed(graph.onnx_path, sequences, new_tokens),
+                "load_average_1m": os.getloadavg()[0],
             }
             log.info("%s: %s", precision, json.dumps(result[precision]))
     return result
@@ -99,10 +114,11 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--prompts", type=int, default=8, help="explanation prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch threads of the reference")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens)
+    result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens, args.torch_threads)
     result["command"] = shlex.join(
         ["python", "-m", "slimserve.export.generator_measure", *(argv or sys.argv[1:])]
     )

@@ -153,6 +153,7 @@ def publish_generator(
     version: int | None = None,
     quantize: str | None = "int8",
     *,
+    quantize_options: Mapping[str, str] | None = None,
     name: str = GENERATOR_MODEL,
     source_model: str = "",
     prompts: Sequence[str] | None = None,
@@ -169,7 +170,8 @@ def publish_generator(
     Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on ``prompts``
     (default: 8 explanation prompts) for ``parity_tokens`` new tokens; nothing is published then.
     ``quantize`` ``"int8"``/``"int4"`` publishes a weight-only quantized graph (its agreement with PyTorch
-    is reported, not gated); None publishes the FP32 graph.
+    is reported, not gated); None publishes the FP32 graph. ``quantize_options`` go to the model builder
+    (e.g. ``{"accuracy_level": "1"}``; default: block 32, symmetric, accuracy level 4 = INT8 compute).
     """
     if quantize is not None and quantize not in PRECISIONS[1:]:
         raise ExportError(f"quantize must be None or one of {list(PRECISIONS[1:])}, got {quantize!r}")
@@ -204,7 +206,7 @@ def publish_generator(
                 f"(token agreement {parity.token_agreement:.3f}); nothing published"
             )
         if quantize is not None:
-            graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize)
+            graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize, quantize_options)
             report["seconds"][f"build_{quantize}"] = graph.seconds
             report["agreement_quantized"] = _checked(graph, sequences, reference, intra_op_threads).as_dict()
         report["onnx_bytes"] = graph.size_bytes
