@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import psutil
@@ -26,17 +27,20 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
 
 
-async def wait_healthy(port: int, process: subprocess.Popen, timeout_s: float) -> None:
+async def wait_healthy(
+    port: int, process: subprocess.Popen, timeout_s: float, log: Path | None = None
+) -> None:
     started = time.monotonic()
+    tail = (lambda: log.read_text()[-4000:]) if log else (lambda: "")
     while time.monotonic() - started < timeout_s:
-        assert process.poll() is None, f"process exited early with {process.returncode}"
+        assert process.poll() is None, f"process exited early with {process.returncode}\n{tail()}"
         try:
             if await health_status(port) == HEALTHY:
                 return
         except grpc.aio.AioRpcError:
             pass
         await asyncio.sleep(0.2)
-    raise AssertionError(f"not healthy on port {port} within {timeout_s} s")
+    raise AssertionError(f"not healthy on port {port} within {timeout_s} s\n{tail()}")
 
 
 def test_help_for_every_command():
@@ -57,6 +61,8 @@ def test_config_errors_exit_1_with_the_field_named(tmp_path):
 async def test_up_then_score_then_ctrl_c(tmp_path):
     repository = tmp_path / "model_repository"
     port = free_port()
+    log_path = tmp_path / "up.log"
+    log_file = log_path.open("w")
     up = subprocess.Popen(
         [
             *CLI,
@@ -76,12 +82,12 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
             "--reasoning-metrics-port",
             "0",
         ],
-        stdout=subprocess.PIPE,
+        stdout=log_file,  # a file, not a pipe: the build's output would fill a pipe nobody reads yet
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        await wait_healthy(port, up, timeout_s=240)
+        await wait_healthy(port, up, timeout_s=900, log=log_path)  # builds the tiny recipe first
         children = psutil.Process(up.pid).children(recursive=True)
         assert any("tritonserver" in c.name() for c in children)
 
@@ -93,7 +99,9 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
         assert "model scorer v1" in result.stdout
     finally:
         up.send_signal(signal.SIGINT)
-        output, _ = up.communicate(timeout=60)
+        up.wait(timeout=60)
+        log_file.close()
+    output = log_path.read_text()
     assert up.returncode == 0, output
     assert "Sample request" in output and "Serving; Ctrl-C to stop." in output
     assert "Build (recipe tiny)" in output and "INT8" in output
