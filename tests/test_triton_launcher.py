@@ -28,6 +28,7 @@ from slimserve.serving.triton.launcher import (
     TritonLaunchError,
     TritonServer,
     TritonServerConfig,
+    _resolve_ports,
     find_tritonserver,
     group_members,
     prepare_python_backend,
@@ -63,6 +64,15 @@ def test_prepare_python_backend_replaces_a_stale_folder(tmp_path: Path):
     stub.symlink_to(tmp_path / "gone")
     assert prepare_python_backend(tmp_path) == backend
     assert stub.resolve().is_file()
+
+
+def test_free_ports_are_distinct_and_given_ports_kept():
+    # One after the other, the OS may hand out the same free port twice; Triton then refuses to start
+    # ("cannot listen to GRPC requests and metrics requests at the same address and port").
+    for _ in range(500):
+        ports = _resolve_ports({"grpc": 0, "http": 0, "metrics": 0}, "127.0.0.1")
+        assert len(set(ports.values())) == 3
+    assert _resolve_ports({"grpc": 8001, "http": 0, "metrics": 0}, "127.0.0.1")["grpc"] == 8001
 
 
 def test_missing_binary_raises_launch_error(tmp_path: Path):

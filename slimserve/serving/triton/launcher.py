@@ -104,6 +104,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def _resolve_ports(requested: dict[str, int], host: str) -> dict[str, int]:
+    """The requested ports, with every 0 replaced by a free port distinct from all the others.
+
+    The sockets are held open together while picking: one after the other, the OS may hand out the
+    same port twice, and Triton refuses two endpoints on one port.
+    """
+    sockets = []
+    try:
+        ports = {}
+        for kind, port in requested.items():
+            if port:
+                ports[kind] = port
+                continue
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+            ports[kind] = sock.getsockname()[1]
+        return ports
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a log file ('' when there is none)."""
     if path is None or not Path(path).is_file():
@@ -224,7 +247,7 @@ class TritonServer:
         # A port picked free can be taken before Triton binds it: retry those with new picks.
         attempts = _PORT_ATTEMPTS if 0 in requested.values() else 1
         for attempt in range(1, attempts + 1):
-            self._ports = {kind: port or free_port(cfg.host) for kind, port in requested.items()}
+            self._ports = _resolve_ports(requested, cfg.host)
             log_offset = self._log_path.stat().st_size
             try:
                 self._launch()
