@@ -17,7 +17,7 @@ import psutil
 from slimserve.bundle import bundle_dir_for
 from slimserve.client import build_request
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-from slimserve.serving.triton.launcher import free_port
+from slimserve.serving.triton.launcher import free_port, free_ports
 from tests.test_e2e_failures import HEALTHY, health_status
 
 CLI = [sys.executable, "-m", "slimserve.cli"]
@@ -180,7 +180,7 @@ def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str
 def test_triton_command_serves_the_repository_until_ctrl_c(tiny_repository):
     import urllib.request
 
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     triton = subprocess.Popen(
         [
             *CLI,

@@ -104,27 +104,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _resolve_ports(requested: dict[str, int], host: str) -> dict[str, int]:
-    """The requested ports, with every 0 replaced by a free port distinct from all the others.
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago.
 
     The sockets are held open together while picking: one after the other, the OS may hand out the
-    same port twice, and Triton refuses two endpoints on one port.
+    same port twice (and Triton refuses two endpoints on one port).
     """
-    sockets = []
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
-        ports = {}
-        for kind, port in requested.items():
-            if port:
-                ports[kind] = port
-                continue
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
+        for sock in sockets:
             sock.bind((host, 0))
-            ports[kind] = sock.getsockname()[1]
-        return ports
+        return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _resolve_ports(requested: dict[str, int], host: str) -> dict[str, int]:
+    """The requested ports, with every 0 replaced by a free port distinct from all the others."""
+    picked = iter(free_ports(sum(1 for port in requested.values() if not port), host))
+    return {kind: port or next(picked) for kind, port in requested.items()}
 
 
 def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
