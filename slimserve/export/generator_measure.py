@@ -65,16 +65,14 @@ def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) 
     }
 
 
-def torch_speed(model, sequence, new_tokens: int) -> dict:
+def torch_speed(model, sequence, new_tokens: int, threads: int) -> dict:
     """Greedy decode tokens/s of PyTorch (HF KV cache) on one prompt, prefill included."""
     started = time.perf_counter()
-    torch_greedy(model, [sequence], new_tokens)
+    torch_greedy(model, [sequence], new_tokens, threads)
     return {"tokens_per_s_with_prefill": new_tokens / (time.perf_counter() - started)}
 
 
 def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threads: int = 1) -> dict:
-    import torch
-
     from .teacher import load_teacher
 
     loaded = load_teacher(teacher)
@@ -85,12 +83,13 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threa
         "prompt_tokens": [len(s) for s in sequences],
         "new_tokens": new_tokens,
     }
-    # One torch thread: on a shared 2-core host two OpenMP threads ran 5-10x slower than one (measured).
-    torch.set_num_threads(torch_threads)
     started = time.perf_counter()
-    reference = torch_greedy(loaded.model, sequences, new_tokens)
+    reference = torch_greedy(loaded.model, sequences, new_tokens, torch_threads)
     result["torch_reference_s"] = time.perf_counter() - started
-    result["torch"] = {"threads": torch_threads, **torch_speed(loaded.model, sequences[0], new_tokens)}
+    result["torch"] = {
+        "threads": torch_threads,
+        **torch_speed(loaded.model, sequences[0], new_tokens, torch_threads),
+    }
     result["load_average_1m"] = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-measure-") as tmp:
         hf_dir = save_hf_model(loaded.model, Path(tmp) / "hf", loaded.tokenizer_file)
