@@ -269,3 +269,24 @@ def test_stop_token_ends_a_request(generator_triton, tiny_model, prompts):
     stream = generate(generator_triton, prompts[1], 20, stop_token_ids=[stop])
     assert stream.finish_reason == "stop"
     assert stream.tokens == expected[: expected.index(stop)]
+
+
+def test_unloading_finalizes_cleanly_and_reload_serves(generator_triton, prompts):
+    """Unload while a stream runs: the stream ends (its tokens or an error), the model unloads, and a
+    reload serves again."""
+    running = Stream(generator_triton.grpc_url).send(prompts[0][:30], 300)
+    running.wait_tokens(1)
+    client = grpcclient.InferenceServerClient(generator_triton.grpc_url)
+    try:
+        client.unload_model(MODEL)
+        running.wait(60)
+        assert running.finish_reason == "length" or running.error is not None
+        deadline = time.monotonic() + 60
+        while client.is_model_ready(MODEL):
+            assert time.monotonic() < deadline, "the generator did not unload"
+            time.sleep(0.1)
+        client.load_model(MODEL)
+        assert generate(generator_triton, prompts[0][:30], 3).finish_reason == "length"
+    finally:
+        running.close()
+        client.close()
