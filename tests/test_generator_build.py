@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from slimserve.buildstage import artifacts
-from slimserve.buildstage.context import prepare_data
 from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
     check_gates,
     final_model_dir,
-    generator_context,
     run_generator,
     stage_config,
+    standalone_context,
 )
 from slimserve.buildstage.recipe import load_recipe
 from slimserve.compression.generation_data import Sampling, TeacherText, generate
@@ -49,20 +48,10 @@ def tiny_recipe(tmp_path, **generator_updates):
     )
 
 
-def context_for(recipe):
-    from slimserve.data.synth import SynthConfig, write_synthetic
-
-    dataset = recipe.resolved_work_dir() / "data" / "dataset"
-    if not dataset.is_dir():
-        write_synthetic(SynthConfig(**recipe.data.synth), dataset)
-    loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
-    return generator_context(recipe, prepare_data(recipe, dataset, loaded.tokenizer_file), loaded)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     recipe = tiny_recipe(tmp_path_factory.mktemp("generator"))
-    ctx = context_for(recipe)
+    ctx = standalone_context(recipe)
     seconds: dict[str, float] = {}
     rows = run_generator(ctx, seconds)
     return recipe, ctx, rows, seconds

@@ -70,7 +70,7 @@ class GeneratorGates(_Strict):
     """Quality gates of the generator (None disables a gate)."""
 
     max_kl_increase: float | None = Field(
-        0.0,
+        0.05,
         description="KL on own held-out samples after (a)+(b) may exceed the KL after (a) alone by at "
         "most this (nats/token); negative values demand an improvement",
     )
@@ -94,6 +94,12 @@ class GeneratorPublishSettings(_Strict):
 
 class GeneratorSettings(_Strict):
     """The generator student of ``slimserve build``: teacher text, pruning, distillation (a) then (b)."""
+
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu",
+        description="Where generation, distillation and evaluation run (auto: cuda when available); "
+        "pruning runs on the CPU",
+    )
 
     teacher_text: TeacherTextSettings = Field(default_factory=TeacherTextSettings)
     student: GeneratorStudentSettings = Field(default_factory=GeneratorStudentSettings)

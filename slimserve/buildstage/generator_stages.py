@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..compression.generation_data import Sampling, TeacherText
 from ..compression.trainer import progress_bar
-from ..errors import BuildError
+from ..errors import BuildError, UserError
 from ..evaluation.generator_report import GeneratorRow
 from . import artifacts
 from .context import BuildData
@@ -65,18 +66,27 @@ class GeneratorContext:
     work: Path
     end_ids: list[int]
     source: str  # the teacher's name (recorded in the published bundle)
+    device: str = "cpu"
 
     @property
     def settings(self) -> GeneratorSettings:
         return self.recipe.generator
 
+    def load_student(self, stage: str):
+        """A stage's saved model, on the generator's device."""
+        return artifacts.load_causal_lm(self.work / stage / "model").to(self.device)
+
     def text(self, name: str) -> TeacherText:
         return TeacherText.load(self.work / "gen_teacher", name)
 
-    def decode(self, ids: list[int]) -> str:
+    @cached_property
+    def tokenizer(self):
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(self.tokenizer_file)).decode(ids, skip_special_tokens=False)
+        return Tokenizer.from_file(str(self.tokenizer_file))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def evaluate(ctx: GeneratorContext, stage: str, model) -> GeneratorRow:
@@ -156,7 +166,11 @@ def run_prune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     config = PruneConfig(
         layers_keep=sizes.layers, mlp_keep=sizes.mlp_keep, heads_per_kv_group=sizes.heads_per_kv_group
     )
-    pruned, report = prune_model(ctx.teacher, _calibration(ctx), config)
+    try:  # the pruning code runs on the CPU
+        pruned, report = prune_model(ctx.teacher.cpu(), _calibration(ctx), config)
+    finally:
+        ctx.teacher.to(ctx.device)
+    pruned = pruned.to(ctx.device)
     (out / "prune_report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     _save_model(ctx, pruned, out)
     return [evaluate(ctx, "generator pruned (osscar)", pruned)]
@@ -166,7 +180,7 @@ def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Stage (a): forward KL to the teacher on its cached text."""
     from ..compression.generation_distill import distill_offpolicy
 
-    student = artifacts.load_causal_lm(ctx.work / "gen_prune" / "model")
+    student = ctx.load_student("gen_prune")
     report = distill_offpolicy(
         student, ctx.text("train"), ctx.settings.offpolicy.train, out / "checkpoint.pt"
     )
@@ -181,7 +195,7 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     from ..compression.generation_distill import OnPolicySettings, distill_onpolicy
 
     settings = ctx.settings.onpolicy
-    student = artifacts.load_causal_lm(ctx.work / "gen_offpolicy" / "model")
+    student = ctx.load_student("gen_offpolicy")
     text = ctx.text("train")
     policy = OnPolicySettings(
         Sampling(settings.max_new_tokens, settings.temperature, settings.top_p),
@@ -284,9 +298,35 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
     """The generator stages' context, with a copy of the teacher taken before anything trains it."""
     import copy
 
+    import torch
+
     from ..compression.generation_data import end_token_ids
 
-    teacher = copy.deepcopy(loaded.model).eval()
+    device = recipe.generator.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise UserError("generator.device: 'cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
+    teacher = copy.deepcopy(loaded.model).eval().to(device)
     work = recipe.resolved_work_dir()
     end_ids = end_token_ids(loaded.tokenizer_file)
-    return GeneratorContext(recipe, data, teacher, loaded.tokenizer_file, work, end_ids, loaded.name)
+    return GeneratorContext(recipe, data, teacher, loaded.tokenizer_file, work, end_ids, loaded.name, device)
+
+
+def standalone_context(recipe: Recipe) -> GeneratorContext:
+    """The generator stages' context without the scorer's stages (data written or reused, teacher loaded)."""
+    from ..export.teacher import load_teacher
+    from .context import prepare_data
+    from .runner import _dataset_dir
+
+    work = recipe.resolved_work_dir()
+    work.mkdir(parents=True, exist_ok=True)
+    dataset = _dataset_dir(recipe, work)
+    loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
+    return generator_context(recipe, prepare_data(recipe, dataset, loaded.tokenizer_file), loaded)
+
+
+def build_generator_only(recipe: Recipe) -> list[GeneratorRow]:
+    """Run only the generator stages of ``recipe`` (no scorer, nothing published), e.g. to measure them;
+    ``generator_table(rows)`` (``evaluation.generator_report``) prints the result."""
+    return run_generator(standalone_context(recipe), {})

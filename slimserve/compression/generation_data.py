@@ -112,8 +112,8 @@ def generate(
     top_k: int | None = None,
     progress: Callable[[int], object] | None = None,
 ) -> Generated:
-    """Continue every prompt (batched, left-padded, KV cache); each batch is seeded from ``sampling.seed``
-    and its position, so the result does not depend on anything but the inputs."""
+    """Continue every prompt (batched, left-padded, KV cache, on the model's device); each batch is seeded
+    from ``sampling.seed`` and its position, so the result does not depend on anything but the inputs."""
     from transformers import GenerationConfig
 
     sample = sampling.temperature > 0
@@ -138,13 +138,15 @@ def generate(
             chunk = order[start : start + batch_size]
             ids, mask = pad_left([prompts[i] for i in chunk], end_ids[-1])
             torch.manual_seed(sampling.seed * 100_003 + number)
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-            new = out.sequences[:, ids.shape[1] :]
+            out = model.generate(
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+            )
+            new = out.sequences[:, ids.shape[1] :].cpu()
             for row, index in enumerate(chunk):
                 responses[index] = cut_at_end(new[row].tolist(), end_ids)
             if top_k is not None:
                 logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)
-                values, indices = logprobs.topk(top_k, dim=-1)
+                values, indices = (t.cpu() for t in logprobs.topk(top_k, dim=-1))
                 for row, index in enumerate(chunk):
                     length = len(responses[index])
                     topk[index] = (values[row, :length].numpy(), indices[row, :length].numpy())

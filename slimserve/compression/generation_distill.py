@@ -53,11 +53,12 @@ def response_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
 
 def response_logprobs(model, batch: ResponseBatch) -> torch.Tensor:
     """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
-    token; the LM head runs only there."""
+    token (on the model's device); the LM head runs only there."""
+    device = model.device
     hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+        input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False
     ).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[batch.rows, batch.cols])
+    logits = model.get_output_embeddings()(hidden[batch.rows.to(device), batch.cols.to(device)])
     return torch.log_softmax(logits.float(), dim=-1)
 
 
@@ -119,8 +120,8 @@ def _run(student, plan, loss_fn, config: TrainConfig, checkpoint: Path | None, d
 def _offpolicy_loss(student, text: TeacherText, indices: Sequence[int]) -> torch.Tensor:
     batch = response_batch([text.prompts[i] for i in indices], [text.responses[i] for i in indices])
     targets = [text.generated.targets(int(i)) for i in indices]
-    values = torch.cat([t[0] for t in targets])
-    ids = torch.cat([t[1] for t in targets])
+    values = torch.cat([t[0] for t in targets]).to(student.device)
+    ids = torch.cat([t[1] for t in targets]).to(student.device)
     return sparse_forward_kl(response_logprobs(student, batch), values, ids).mean()
 
 
@@ -181,7 +182,8 @@ def distill_onpolicy(
         batch = response_batch(prompts, responses)
         with torch.no_grad():
             values, ids = topk_targets(response_logprobs(teacher, batch), settings.top_k)
-        return sparse_forward_kl(response_logprobs(student, batch), values, ids).mean()
+        student_logprobs = response_logprobs(student, batch)
+        return sparse_forward_kl(student_logprobs, values.to(student.device), ids.to(student.device)).mean()
 
     teacher.eval()
     report = _run(

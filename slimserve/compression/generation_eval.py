@@ -58,8 +58,8 @@ def evaluate_text(
         chunk = order[start : start + batch_size]
         batch = response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
         teacher_lp = response_logprobs(teacher, batch)
-        model_lp = teacher_lp if model is teacher else response_logprobs(model, batch)
-        for index, value in enumerate(token_sums(teacher_lp, model_lp, batch.targets)):
+        model_lp = teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
+        for index, value in enumerate(token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))):
             totals[index] += value
         tokens += len(batch.targets)
         if progress is not None:
@@ -89,7 +89,7 @@ def decode_tokens_per_s(model, prompt: Sequence[int], tokens: int) -> float:
     """Greedy single-stream decode speed in PyTorch (``tokens`` new tokens, end tokens not honoured)."""
     from transformers import GenerationConfig
 
-    ids = torch.tensor([list(prompt)], dtype=torch.long)
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)
     mask = torch.ones_like(ids)
 
     def run(count: int) -> float:
@@ -98,6 +98,8 @@ def decode_tokens_per_s(model, prompt: Sequence[int], tokens: int) -> float:
         )
         started = time.perf_counter()
         model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - started
 
     model.eval()
