@@ -27,6 +27,7 @@ MAX_ACTIVE = 2
 MAX_QUEUED = 2
 MAX_CONTEXT = 1024
 LONG = 1000  # max_tokens of requests meant to outlive the test's actions
+SHARED_TOKENS = 200  # long enough for two requests sent together to overlap
 KEEP_TOKENS = 400  # the stream that must run on, undisturbed, while another is cancelled
 
 
@@ -176,15 +177,17 @@ def test_greedy_tokens_stream_in_order_and_equal_pytorch(generator_triton, tiny_
 
 def test_concurrent_requests_share_decoding_steps(generator_triton, tiny_model, prompts):
     before = metrics(generator_triton)
-    expected = torch_greedy(tiny_model.model, prompts[:2], 40)
-    streams = [Stream(generator_triton.grpc_url).send(p, 40) for p in prompts[:2]]
+    expected = torch_greedy(tiny_model.model, prompts[:2], SHARED_TOKENS)
+    streams = [Stream(generator_triton.grpc_url) for _ in range(2)]  # connect first, then send together
+    for stream, prompt in zip(streams, prompts[:2], strict=True):
+        stream.send(prompt, SHARED_TOKENS)
     for stream in streams:
         stream.wait().close()
     assert [s.tokens for s in streams] == expected  # batching does not change anyone's tokens
     after = metrics(generator_triton)
     steps = after["slimserve_generator_steps_total"] - before["slimserve_generator_steps_total"]
     tokens = after["slimserve_generator_tokens_total"] - before["slimserve_generator_tokens_total"]
-    assert tokens == 80
+    assert tokens == 2 * SHARED_TOKENS
     assert tokens / steps > 1.2, f"{tokens} tokens in {steps} steps: requests did not share steps"
     assert (
         after["slimserve_generator_requests_total[length]"]

@@ -373,7 +373,7 @@ def config_parameter(model_config, key, default=None):
     return value if value != "" else default
 
 
-@dataclass
+@dataclass(eq=False)  # identity: removed from the queue by ``deque.remove``
 class Pending:
     """A request between ``execute`` and its last response."""
 
@@ -426,7 +426,10 @@ class TritonPythonModel:
         self.engine = BatchEngine(self.decoder, generation["eos_token_ids"])
         self.limits = Limits(
             vocab_size=self.decoder.vocab_size,
-            max_context=int(param("max_context", generation["max_context"])),
+            # The bundle's max_context fits the model's positions: a config value may only lower it.
+            max_context=min(
+                int(param("max_context", generation["max_context"])), int(generation["max_context"])
+            ),
             max_new_tokens_limit=int(param("max_new_tokens_limit", generation["max_new_tokens_limit"])),
         )
         self.max_active = int(param("max_active_sequences", "8"))
