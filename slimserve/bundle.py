@@ -88,28 +88,51 @@ def compute_content_hash(bundle: ServingBundle, weight_hashes: dict[str, str]) -
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def write_bundle(bundle: ServingBundle, directory: Path, tokenizer_file: Path) -> Path:
-    """Write ``bundle.json`` and the tokenizer into ``directory`` (created)."""
+def write_manifest(directory: Path, file_name: str, manifest: dict, tokenizer_file: Path) -> Path:
+    """Write a bundle's JSON ``manifest`` as ``file_name`` and copy the tokenizer into ``directory``."""
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / TOKENIZER_FILE).write_bytes(Path(tokenizer_file).read_bytes())
-    path = directory / BUNDLE_FILE
-    path.write_text(json.dumps(bundle.manifest(), indent=2, sort_keys=True) + "\n")
+    path = directory / file_name
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return path
+
+
+def write_bundle(bundle: ServingBundle, directory: Path, tokenizer_file: Path) -> Path:
+    """Write ``bundle.json`` and the tokenizer into ``directory`` (created)."""
+    return write_manifest(directory, BUNDLE_FILE, bundle.manifest(), tokenizer_file)
+
+
+def read_manifest(path: Path, schema_version: int, what: str = "serving bundle") -> dict:
+    """A bundle's JSON manifest without its ``schema_version``; ``BundleError`` when absent or wrong."""
+    if not path.is_file():
+        raise BundleError(f"no {what} at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
+    schema = data.pop("schema_version", None)
+    if schema != schema_version:
+        raise BundleError(f"{path}: schema_version {schema!r}, expected {schema_version}")
+    return data
+
+
+def check_bundle_files(directory: Path, manifest_file: str, tokenizer_sha256: str, content_hash: str) -> None:
+    """The tokenizer next to a manifest must match its hash, and the manifest must carry a content hash."""
+    tokenizer = directory / TOKENIZER_FILE
+    if not tokenizer.is_file():
+        raise BundleError(f"{directory}: missing {TOKENIZER_FILE}")
+    if sha256_file(tokenizer) != tokenizer_sha256:
+        raise BundleError(f"{tokenizer}: content does not match tokenizer_sha256 in {manifest_file}")
+    if not content_hash:
+        raise BundleError(f"{directory / manifest_file}: content_hash is empty")
 
 
 def load_bundle(directory: Path) -> ServingBundle:
     """Read and check a bundle directory; raise ``BundleError`` naming what is wrong."""
     directory = Path(directory)
     path = directory / BUNDLE_FILE
-    if not path.is_file():
-        raise BundleError(f"no serving bundle at {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
-    schema = data.pop("schema_version", None)
-    if schema != BUNDLE_SCHEMA_VERSION:
-        raise BundleError(f"{path}: schema_version {schema!r}, expected {BUNDLE_SCHEMA_VERSION}")
+    data = read_manifest(path, BUNDLE_SCHEMA_VERSION)
     try:
         tensors = TensorNames(**data.pop("tensors", {}))
         bundle = ServingBundle(
@@ -117,13 +140,7 @@ def load_bundle(directory: Path) -> ServingBundle:
         )
     except (TypeError, KeyError) as exc:
         raise BundleError(f"{path}: malformed bundle: {exc}") from exc
-    tokenizer = directory / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        raise BundleError(f"{directory}: missing {TOKENIZER_FILE}")
-    if sha256_file(tokenizer) != bundle.tokenizer_sha256:
-        raise BundleError(f"{tokenizer}: content does not match tokenizer_sha256 in {BUNDLE_FILE}")
-    if not bundle.content_hash:
-        raise BundleError(f"{path}: content_hash is empty")
+    check_bundle_files(directory, BUNDLE_FILE, bundle.tokenizer_sha256, bundle.content_hash)
     return bundle
 
 

@@ -8,11 +8,10 @@ as ``slimserve_bundle_hash`` like the scorer's bundle.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .bundle import BUNDLE_DIR, TOKENIZER_FILE, BundleError, sha256_file
+from .bundle import BUNDLE_DIR, BundleError, check_bundle_files, read_manifest, write_manifest
 
 GENERATION_FILE = "generation.json"
 GENERATION_SCHEMA_VERSION = 1
@@ -44,42 +43,22 @@ class GenerationBundle:
 
     def write(self, directory: Path, tokenizer_file: Path) -> Path:
         """Write ``generation.json`` and ``tokenizer.json`` into ``directory`` (created)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / TOKENIZER_FILE).write_bytes(Path(tokenizer_file).read_bytes())
-        path = directory / GENERATION_FILE
-        path.write_text(json.dumps(self.manifest(), indent=2, sort_keys=True) + "\n")
-        return path
+        return write_manifest(directory, GENERATION_FILE, self.manifest(), tokenizer_file)
 
 
 def load_generation_bundle(directory: Path) -> GenerationBundle:
     """Read and check a generator bundle directory; raise ``BundleError`` naming what is wrong."""
     directory = Path(directory)
     path = directory / GENERATION_FILE
-    if not path.is_file():
-        raise BundleError(f"no generator bundle at {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise BundleError(f"{path} is not valid JSON: {exc}") from exc
-    schema = data.pop("schema_version", None)
-    if schema != GENERATION_SCHEMA_VERSION:
-        raise BundleError(f"{path}: schema_version {schema!r}, expected {GENERATION_SCHEMA_VERSION}")
-    known = {f.name for f in fields(GenerationBundle)}
-    unknown = sorted(set(data) - known)
+    data = read_manifest(path, GENERATION_SCHEMA_VERSION, "generator bundle")
+    unknown = sorted(set(data) - {f.name for f in fields(GenerationBundle)})
     if unknown:
         raise BundleError(f"{path}: unknown fields {unknown}")
     try:
         bundle = GenerationBundle(**{**data, "eos_token_ids": tuple(data["eos_token_ids"])})
     except (TypeError, KeyError) as exc:
         raise BundleError(f"{path}: malformed generator bundle: {exc}") from exc
-    tokenizer = directory / TOKENIZER_FILE
-    if not tokenizer.is_file():
-        raise BundleError(f"{directory}: missing {TOKENIZER_FILE}")
-    if sha256_file(tokenizer) != bundle.tokenizer_sha256:
-        raise BundleError(f"{tokenizer}: content does not match tokenizer_sha256 in {GENERATION_FILE}")
-    if not bundle.content_hash:
-        raise BundleError(f"{path}: content_hash is empty")
+    check_bundle_files(directory, GENERATION_FILE, bundle.tokenizer_sha256, bundle.content_hash)
     return bundle
 
 
