@@ -37,6 +37,9 @@ class GeneratorStudentSettings(_Strict):
     calibration_prompts: int = Field(
         32, ge=1, description="Prompts (with the teacher's text) used to calibrate the pruning"
     )
+    layer_calibration_tokens: int = Field(
+        2048, ge=1, description="Calibration tokens that score whole layers (about L/2 passes over them)"
+    )
 
 
 class OffPolicySettings(_Strict):

@@ -164,7 +164,10 @@ def run_prune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 
     sizes = ctx.settings.student
     config = PruneConfig(
-        layers_keep=sizes.layers, mlp_keep=sizes.mlp_keep, heads_per_kv_group=sizes.heads_per_kv_group
+        layers_keep=sizes.layers,
+        mlp_keep=sizes.mlp_keep,
+        heads_per_kv_group=sizes.heads_per_kv_group,
+        layer_calibration_tokens=sizes.layer_calibration_tokens,
     )
     try:  # the pruning code runs on the CPU
         pruned, report = prune_model(ctx.teacher.cpu(), _calibration(ctx), config)
