@@ -35,7 +35,8 @@ class CompareSettings:
     """Durations and load levels of one comparison."""
 
     engine_seconds: float = 10.0
-    batch_size: int = 32
+    batch_size: int = 32  # PyTorch baseline
+    floor_batch_sizes: tuple[int, ...] = (8, 32)  # ONNX Runtime floor: the best of these and 1
     concurrencies: tuple[int, ...] = (1, 4, 16)
     max_requests: int = 400
     max_seconds: float = 10.0
@@ -186,7 +187,9 @@ def measure_engines(
     variant: Variant, workload: Workload, settings: CompareSettings, yes_no: tuple[int, int]
 ) -> list[EngineResult]:
     """The ONNX Runtime floor and (when the variant has a PyTorch source) the PyTorch baseline."""
-    results = [onnx_floor(variant.name, variant.onnx, workload, settings.engine_seconds, settings.batch_size)]
+    results = [
+        onnx_floor(variant.name, variant.onnx, workload, settings.engine_seconds, settings.floor_batch_sizes)
+    ]
     if settings.pytorch and variant.torch_source:
         graph = load_torch_scorer(variant.torch_source, *yes_no)
         results.append(
@@ -234,7 +237,9 @@ def run_compare(
         )
     # The published variant's floor once more, after the served runs: how far the machine drifted.
     published = variants[-1]
-    again = onnx_floor(published.name, published.onnx, workload, settings.engine_seconds, settings.batch_size)
+    again = onnx_floor(
+        published.name, published.onnx, workload, settings.engine_seconds, settings.floor_batch_sizes
+    )
     engines.append(dataclasses.replace(again, engine=ORT_FLOOR_AGAIN))
     settings_dict = asdict(settings) | {"main_batching": main.name}
     stages = {v.name: v.stage for v in variants if v.stage}

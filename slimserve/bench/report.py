@@ -193,8 +193,8 @@ def plot_quality_vs_throughput(rows: list[dict], path: Path) -> bool:
 # -- markdown --------------------------------------------------------------------------------------------
 def _engines_table(result: CompareResult) -> str:
     lines = [
-        "| variant | engine | items/s | batch | threads | 1-item p50 ms | 1-item p99 ms |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| variant | engine | items/s | at batch | items/s by batch size | threads | 1-item p50 ms | 1-item p99 ms |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
     ]
     for e in result.engines:
         single = (
@@ -202,8 +202,9 @@ def _engines_table(result: CompareResult) -> str:
             if e.single_item_ms_p50 is not None and e.single_item_ms_p99 is not None
             else "- | -"
         )
+        tried = ", ".join(f"{b}: {v:.1f}" for b, v in (e.by_batch or {}).items()) or "-"
         lines.append(
-            f"| {e.variant} | {e.engine} | {e.items_per_s:.1f} | {e.batch_size} | {e.threads} | {single} |"
+            f"| {e.variant} | {e.engine} | {e.items_per_s:.1f} | {e.batch_size} | {tried} | {e.threads} | {single} |"
         )
     return "\n".join(lines)
 
