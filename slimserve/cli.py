@@ -178,6 +178,12 @@ def _add_up(sub) -> None:
         "--teacher", default="default", help="without --recipe: export this teacher as the scorer"
     )
     parser.add_argument("--work-dir", type=Path, help="with --recipe: build stage outputs (resumable)")
+    parser.add_argument(
+        "--no-generator",
+        dest="export_generator",
+        action="store_false",
+        help="without --recipe: do not export the teacher as the generator (scoring only)",
+    )
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model-name", default="scorer")
     parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC service")
@@ -210,6 +216,7 @@ def _run_up(args: argparse.Namespace) -> int:
         teacher=args.teacher,
         recipe=args.recipe,
         work_dir=args.work_dir,
+        export_generator=args.export_generator,
         model_repository=args.model_repository,
         model_name=args.model_name,
         host=args.host,

@@ -44,6 +44,7 @@ class UpOptions:
     sample: bool = True
     exit_after_sample: bool = False
     generator_name: str = "generator"  # served by the reasoning service when published in the repository
+    export_generator: bool = True  # without --recipe: also export the teacher as the generator if none
     reasoning_port: int = 50052
     reasoning_metrics_port: int = 9091
 
@@ -116,6 +117,30 @@ def published_generator(options: UpOptions) -> Path | None:
         "using published %s version %d (%s)", bundle.model_name, bundle.model_version, bundle.source_model
     )
     return directory
+
+
+def _export_teacher_generator(options: UpOptions) -> Path:
+    """Publish the teacher itself (full precision) as the generator, so that ``up`` explains without a build."""
+    from .export.generator_repository import publish_generator
+    from .export.teacher import load_teacher
+    from .generation_bundle import generation_bundle_dir
+
+    log.info(
+        "no published %r in %s: exporting teacher %r as the generator",
+        options.generator_name,
+        options.model_repository,
+        options.teacher,
+    )
+    loaded = load_teacher(options.teacher)
+    publish_generator(
+        loaded.model,
+        loaded.tokenizer_file,
+        options.model_repository,
+        quantize=None,
+        name=options.generator_name,
+        source_model=loaded.name,
+    )
+    return generation_bundle_dir(options.model_repository, options.generator_name)
 
 
 def _start_triton(options: UpOptions, models: tuple[str, ...]):
@@ -239,6 +264,8 @@ def run_up(options: UpOptions) -> int:
     configure_logging("INFO")
     bundle_dir = ensure_exported(options)
     generator_dir = published_generator(options)
+    if generator_dir is None and options.export_generator and not options.recipe and not options.triton_url:
+        generator_dir = _export_teacher_generator(options)
     models = (options.model_name,) + ((options.generator_name,) if generator_dir else ())
     triton = None if options.triton_url else _start_triton(options, models)
     try:

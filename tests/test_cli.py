@@ -210,3 +210,28 @@ def test_triton_command_serves_the_repository_until_ctrl_c(tiny_repository):
         triton.wait(timeout=60)
     assert triton.returncode == 0
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_up_without_a_build_exports_the_teacher_as_scorer_and_generator(tmp_path):
+    """The path of `slimserve up` with nothing published and no recipe: both services, real samples."""
+    repository = tmp_path / "model_repository"
+    result = run_cli(
+        "up",
+        "--teacher",
+        "tiny",
+        "--model-repository",
+        str(repository),
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--reasoning-port",
+        "0",
+        "--reasoning-metrics-port",
+        "0",
+        "--exit-after-sample",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Sample request" in result.stdout and "Sample explanation" in result.stdout
+    assert (repository / "scorer" / "1").is_dir() and (repository / "generator" / "1").is_dir()
