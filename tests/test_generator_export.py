@@ -15,11 +15,11 @@ from slimserve.export.generator_parity import (
     onnx_greedy,
     torch_greedy,
 )
-from slimserve.export.generator_repository import REPORT_FILE, publish_generator
+from slimserve.export.generator_repository import REPORT_FILE, generator_triton_spec, publish_generator
 from slimserve.export.onnx_export import ExportError
 from slimserve.export.repository import list_versions
 from slimserve.export.teacher import load_teacher
-from slimserve.export.triton_config import parse_config_pbtxt
+from slimserve.export.triton_config import parse_config_pbtxt, to_model_config
 from slimserve.generation_bundle import load_generation_bundle
 from slimserve.triton_models.generator import (
     BatchEngine,
@@ -29,6 +29,7 @@ from slimserve.triton_models.generator import (
     OnnxDecoder,
     RequestError,
     Sampler,
+    execution_providers,
     parse_request,
 )
 from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (session fixture)
@@ -113,6 +114,26 @@ def test_parse_request_defaults():
         LIMITS,
     )
     assert request == GenerationRequest((3, 4), 5, 0.0, 1.0, None, frozenset({7}))
+
+
+def test_gpu_device_places_the_instance_on_a_gpu_with_the_cuda_provider():
+    config = to_model_config(generator_triton_spec(device="gpu"))
+    assert config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    assert config.parameters["execution_provider"].string_value == "cuda"
+    cpu = to_model_config(generator_triton_spec())
+    assert cpu.parameters["execution_provider"].string_value == "cpu"
+    with pytest.raises(ValueError, match="device"):
+        generator_triton_spec(device="tpu")
+
+
+def test_execution_providers_name_what_is_missing():
+    assert execution_providers("cpu") == ["CPUExecutionProvider"]
+    cuda = execution_providers("cuda", "1", available=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert cuda == [("CUDAExecutionProvider", {"device_id": 1}), "CPUExecutionProvider"]
+    with pytest.raises(ValueError, match="onnxruntime-gpu"):
+        execution_providers("cuda", 0, available=["CPUExecutionProvider"])
+    with pytest.raises(ValueError, match="execution_provider"):
+        execution_providers("rocm")
 
 
 def test_compare_greedy_reports_agreement():

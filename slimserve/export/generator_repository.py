@@ -60,11 +60,16 @@ def generator_triton_spec(
     max_context: int | None = None,
     intra_op_threads: int = 0,
     parameters: Mapping[str, str] | None = None,
+    device: str = "cpu",
 ) -> TritonModelSpec:
     """Spec of the decoupled generator model (see docs/generator.md for the contract).
 
-    ``max_context`` None leaves the limit to the bundle's ``generation.json``.
+    ``max_context`` None leaves the limit to the bundle's ``generation.json``. ``device`` ``"gpu"`` places
+    the instance on a GPU (KIND_GPU) and runs ONNX Runtime's CUDA provider there (needs onnxruntime-gpu
+    in Triton's Python environment, as in the GPU serving image).
     """
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if max_active_sequences < 1:
         raise ValueError(f"max_active_sequences must be >= 1, got {max_active_sequences}")
     if max_queued_requests < 0:
@@ -73,6 +78,7 @@ def generator_triton_spec(
         "max_active_sequences": str(max_active_sequences),
         "max_queued_requests": str(max_queued_requests),
         "intra_op_threads": str(intra_op_threads),
+        "execution_provider": "cuda" if device == "gpu" else "cpu",
         **(parameters or {}),
     }
     if max_context is not None:
@@ -94,7 +100,7 @@ def generator_triton_spec(
             TensorSpec("token_ids", "TYPE_INT64", (-1,)),
             TensorSpec("finish_reason", "TYPE_STRING", (1,)),
         ),
-        instance_groups=(InstanceGroupSpec(count=1, kind="KIND_CPU"),),
+        instance_groups=(InstanceGroupSpec(count=1, kind="KIND_GPU" if device == "gpu" else "KIND_CPU"),),
         parameters=params,
     )
 
@@ -164,6 +170,7 @@ def publish_generator(
     max_active_sequences: int = 8,
     max_queued_requests: int = 64,
     intra_op_threads: int = 0,
+    device: str = "cpu",
 ) -> Path:
     """Export ``model`` (a HF Llama causal LM) as a new version of the ``generator`` model; return its path.
 
@@ -231,6 +238,7 @@ def publish_generator(
             max_queued_requests=max_queued_requests,
             intra_op_threads=intra_op_threads,
             parameters={"source_model": source_model} if source_model else None,
+            device=device,
         )
         files = {**generator_model_files(graph), REPORT_FILE: tmp / REPORT_FILE}
         weights = tuple(name for name in files if name not in (MODEL_PY, REPORT_FILE))

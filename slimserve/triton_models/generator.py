@@ -50,7 +50,7 @@ class RequestError(ValueError):
 class OnnxDecoder:
     """One ONNX Runtime session over the decoder graph, with its KV-cache tensor names and shapes."""
 
-    def __init__(self, path, intra_op_threads=0, allow_spinning=False):
+    def __init__(self, path, intra_op_threads=0, allow_spinning=False, providers=("CPUExecutionProvider",)):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -59,9 +59,7 @@ class OnnxDecoder:
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
-        self.session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        self.session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = sorted(n for n in inputs if n.startswith("past_key_values."))
         if "input_ids" not in inputs or "attention_mask" not in inputs or not self.past_names:
@@ -404,6 +402,24 @@ def _read_tensors(request):
     return tensors
 
 
+def execution_providers(name, device_id=0, available=None):
+    """ONNX Runtime providers for the model's ``execution_provider`` parameter (``cpu`` or ``cuda``)."""
+    if name == "cpu":
+        return ["CPUExecutionProvider"]
+    if name != "cuda":
+        raise ValueError(f"parameter execution_provider: expected 'cpu' or 'cuda', got {name!r}")
+    if available is None:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise ValueError(
+            "parameter execution_provider 'cuda': this ONNX Runtime has no CUDAExecutionProvider "
+            f"(available: {', '.join(available)}); install onnxruntime-gpu in Triton's Python environment"
+        )
+    return [("CUDAExecutionProvider", {"device_id": int(device_id)}), "CPUExecutionProvider"]
+
+
 def _error(message, code_name):
     code = getattr(pb_utils.TritonError, code_name, None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
@@ -422,7 +438,10 @@ class TritonPythonModel:
         param = lambda key, default: config_parameter(model_config, key, default)  # noqa: E731
         path = os.path.join(version_dir, param("onnx_file", DEFAULT_ONNX_FILE))
         threads = int(param("intra_op_threads", "0"))
-        self.decoder = OnnxDecoder(path, threads, param("allow_spinning", "0") == "1")
+        providers = execution_providers(
+            param("execution_provider", "cpu"), args.get("model_instance_device_id", "0") or 0
+        )
+        self.decoder = OnnxDecoder(path, threads, param("allow_spinning", "0") == "1", providers)
         self.engine = BatchEngine(self.decoder, generation["eos_token_ids"])
         self.limits = Limits(
             vocab_size=self.decoder.vocab_size,
