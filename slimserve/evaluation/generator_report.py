@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from .report import _fmt
+from .report import ReportRow, _fmt
 
 
 @dataclass
-class GeneratorRow:
+class GeneratorRow(ReportRow):
     """Measured figures of one generator stage on held-out prompts (nats per response token)."""
 
     stage: str
@@ -22,15 +21,6 @@ class GeneratorRow:
     embedding_parameters: int = 0
     decode_tokens_per_s: float = float("nan")  # PyTorch, greedy, one stream
     notes: dict = field(default_factory=dict)
-
-    @property
-    def non_embedding_parameters(self) -> int:
-        return self.parameters - self.embedding_parameters
-
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["non_embedding_parameters"] = self.non_embedding_parameters
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
 
     @classmethod
     def from_dict(cls, data: dict) -> GeneratorRow:

@@ -10,8 +10,22 @@ import numpy as np
 from .metrics import auc, log_loss, mean_ndcg_per_member, spearman
 
 
+class ReportRow:
+    """What every stage-table row (a dataclass with ``parameters`` and ``embedding_parameters``) shares:
+    the parameter split and a JSON-ready dict (NaN -> None)."""
+
+    @property
+    def non_embedding_parameters(self) -> int:
+        return self.parameters - self.embedding_parameters
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["non_embedding_parameters"] = self.non_embedding_parameters
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
+
+
 @dataclass
-class StageRow:
+class StageRow(ReportRow):
     """Measured figures of one stage's model."""
 
     stage: str
@@ -27,15 +41,6 @@ class StageRow:
     items_per_s_batch32: float = float("nan")
     single_item_ms: float = float("nan")
     notes: dict = field(default_factory=dict)
-
-    @property
-    def non_embedding_parameters(self) -> int:
-        return self.parameters - self.embedding_parameters
-
-    def as_dict(self) -> dict:
-        data = asdict(self)
-        data["non_embedding_parameters"] = self.non_embedding_parameters
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in data.items()}
 
 
 def quality_row(
