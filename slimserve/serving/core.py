@@ -7,9 +7,21 @@ request at once while the model is not ready or carries another bundle.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from slimserve.bundle import BundleError
+
 from .health import ModelHealthWatcher
+
+
+def check_template_version(directory: Path, found: str, rendered: str) -> None:
+    """Refuse a bundle built with another prompt template than the one this service renders."""
+    if found != rendered:
+        raise BundleError(
+            f"{directory}: the model was built with prompt template {found!r}, this service renders "
+            f"{rendered!r}; rebuild or re-export the model, or run a matching slimserve version"
+        )
 
 
 class ServiceCore:

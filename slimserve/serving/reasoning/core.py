@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer
 
 from slimserve import prompts, schema
-from slimserve.bundle import TOKENIZER_FILE, BundleError
+from slimserve.bundle import TOKENIZER_FILE
 from slimserve.generation_bundle import GenerationBundle, load_generation_bundle
 
-from ..core import ServiceCore
+from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, InvalidArgument, ServingError, Unavailable
 from ..health import ModelHealthWatcher
 from ..triton.client import GenerationRequest
@@ -121,12 +121,7 @@ class ReasoningCore(ServiceCore):
 
         directory = config.resolved_bundle_dir()
         bundle = load_generation_bundle(directory)
-        if bundle.template_version != prompts.EXPLAIN_TEMPLATE_VERSION:
-            raise BundleError(
-                f"{directory}: the generator was built with prompt template {bundle.template_version!r}, "
-                f"this service renders {prompts.EXPLAIN_TEMPLATE_VERSION!r}; rebuild the model or run a "
-                "matching slimserve version"
-            )
+        check_template_version(directory, bundle.template_version, prompts.EXPLAIN_TEMPLATE_VERSION)
         tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         tokenizer.no_padding()
         tokenizer.no_truncation()

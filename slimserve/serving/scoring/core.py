@@ -20,7 +20,7 @@ from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
 from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
 
-from ..core import ServiceCore
+from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, ServingError, Unavailable
 from ..health import ModelHealthWatcher
 from .validation import effective_top_k, validate_score_request
@@ -77,12 +77,7 @@ class ScoringCore(ServiceCore):
 
         directory = config.resolved_bundle_dir()
         bundle = load_bundle(directory)
-        if bundle.prompt_template_version != prompts.SCORING_TEMPLATE_VERSION:
-            raise BundleError(
-                f"{directory}: bundle was exported with prompt template {bundle.prompt_template_version!r}, "
-                f"this service renders {prompts.SCORING_TEMPLATE_VERSION!r}; re-export the model or "
-                "run a matching slimserve version"
-            )
+        check_template_version(directory, bundle.prompt_template_version, prompts.SCORING_TEMPLATE_VERSION)
         tokenizer = PromptTokenizer(directory / TOKENIZER_FILE, bundle.max_length)
         for word, expected in (
             (prompts.YES_WORD, bundle.yes_token_id),
