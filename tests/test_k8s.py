@@ -411,15 +411,6 @@ def test_triton_client_spreads_requests_over_every_address(tiny_repository):
 
 
 # -- live: the cpu overlay's Deployments under podman kube play --------------------------------------------
-def free_ports(count: int) -> list[int]:
-    from slimserve.serving.triton.launcher import free_port
-
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
-
-
 def podman_copy(deployment: dict, tmp: Path, run: str, env: dict[str, str], args: dict[str, str]) -> Path:
     """The Deployment as podman kube play can run it here, with everything else as rendered.
 
@@ -478,6 +469,7 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
     require_images(SERVICE_IMAGE, TRITON_IMAGE)
     from slimserve.client import score_once
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+    from slimserve.serving.triton.launcher import free_ports
 
     objects = rendered["cpu"]
     run = uuid.uuid4().hex[:8]
