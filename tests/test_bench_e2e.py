@@ -179,3 +179,28 @@ async def test_streams_of_the_tiny_generator(generator_repository):
         assert 0 < point.tokens <= 8 * point.ok
     assert [(p.model, p.bucket, p.mode) for p in perf] == [("generator", 0, "concurrency")]
     assert perf[0].infer_per_s > 0
+
+
+def test_bench_generators_student_against_exported_teacher(generator_repository, tmp_path, capsys):
+    """`bench generators`: the repository's generator and a teacher exported at its precision, same stack."""
+    out = tmp_path / "generators.json"
+    code = main(
+        ["bench", "generators", "--model-repository", str(generator_repository), "--teacher", "tiny",
+         "--streams", "1,3", "--max-tokens", "6", "--max-requests", "6", "--max-seconds", "3",
+         "--warmup", "1", "--requests", "3", "--json", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "student / teacher decode throughput at 3 stream(s)" in text and "TTFT p50 with the batch" in text
+    result = json.loads(out.read_text())
+    assert result["max_tokens"] == 6 and result["command"].startswith("slimserve ")
+    for variant in ("student", "teacher"):
+        run = result[variant]
+        assert run["variant"] == variant and run["precision"] == "fp32"
+        assert [p["load"] for p in run["points"]] == [1, 3]
+        for point in run["points"]:
+            assert point["errors"] == 0 and point["ok"] > 0 and 0 < point["tokens"] <= 6 * point["ok"]
+        assert run["ttft_busy_over_idle"] > 0
+    assert result["teacher"]["repository"] != str(generator_repository)
+    assert set(result["student_over_teacher_tokens_per_s"]) == {"1", "3"}
+    assert all(r > 0 for r in result["student_over_teacher_tokens_per_s"].values())

@@ -179,6 +179,22 @@ def test_engine_with_staggered_joins_matches_pytorch(published, tiny):
     assert engine.stats.tokens == 30 and engine.stats.steps < 30
 
 
+def test_a_stop_token_ends_the_sequence_and_is_not_counted(published, tiny):
+    """The stop id ends the request (finish 'stop') without being emitted or counted as generated."""
+    _, version_dir = published
+    prompt = encode_prompts(tiny.tokenizer_file, explanation_prompts(1))[0]
+    greedy = torch_greedy(tiny.model, [prompt], 6)[0]
+    engine = BatchEngine(OnnxDecoder(version_dir / "model.onnx", 1), eos_token_ids=())
+    request = GenerationRequest(tuple(prompt), 6, stop_token_ids=frozenset({greedy[3]}))
+    stop_at = greedy.index(greedy[3])  # the first occurrence of that id ends it
+    events = [engine.start(0, request)]
+    while engine.active:
+        events += engine.step()
+    assert [e.token for e in events] == [*greedy[:stop_at], None]
+    assert events[-1].finish_reason == "stop"
+    assert engine.stats.tokens == stop_at
+
+
 def test_parity_failure_publishes_nothing(tmp_path, tiny):
     """A model whose PyTorch output the graph cannot reproduce (a forward hook) fails the export."""
     hook = tiny.model.lm_head.register_forward_hook(

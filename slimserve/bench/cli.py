@@ -31,7 +31,7 @@ def _numbers(kind, allow_zero: bool = False):
     return parse
 
 
-def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+def _add_workload_args(parser: argparse.ArgumentParser, candidates: bool = True) -> None:
     group = parser.add_argument_group("workload (real prompts)")
     group.add_argument(
         "--dataset", type=Path, help="dataset directory (JSONL); default: a small synthetic one"
@@ -39,7 +39,8 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--requests", type=int, default=64, help="distinct requests (members) to cycle through"
     )
-    group.add_argument("--candidates", type=int, default=8, help="candidates (items) per Score request")
+    if candidates:
+        group.add_argument("--candidates", type=int, default=8, help="candidates (items) per Score request")
 
 
 def _write_json(path: Path | None, data) -> None:
@@ -304,9 +305,61 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- generators ----------------------------------------------------------------------------------------
+def _add_generators(kinds) -> None:
+    parser = kinds.add_parser(
+        "generators", help="the repository's generator (student) vs its teacher, Explain streams, same stack"
+    )
+    parser.add_argument(
+        "--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the student as 'generator'"
+    )
+    teacher = parser.add_mutually_exclusive_group()
+    teacher.add_argument(
+        "--teacher",
+        default="default",
+        help="teacher to export at the student's precision (default, tiny, dir)",
+    )
+    teacher.add_argument(
+        "--teacher-repository", type=Path, help="a repository already holding the teacher as 'generator'"
+    )
+    parser.add_argument("--streams", type=_numbers(int), default=(1, 8), help="concurrent Explain streams")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per explanation (greedy)")
+    parser.add_argument("--max-requests", type=int, default=48, help="most requests per load level")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="most seconds per load level")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests first")
+    parser.add_argument("--timeout", type=float, default=300.0, help="deadline per request (s)")
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    _add_workload_args(parser, candidates=False)
+    parser.set_defaults(handler=_run_generators)
+
+
+def _run_generators(args: argparse.Namespace) -> int:
+    from .generators import compare_generators, format_comparison
+    from .grpc_load import LoadPlan
+    from .workload import load_calls
+
+    if args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    calls, source = load_calls(args.dataset, requests=args.requests, candidates=1)
+    plan = LoadPlan(
+        concurrencies=args.streams,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        warmup_requests=args.warmup,
+        timeout_s=args.timeout,
+    )
+    print(f"workload: {len(calls)} explanation prompts from {source}")
+    result = compare_generators(
+        args.model_repository, calls, plan, args.max_tokens, args.teacher, args.teacher_repository
+    )
+    print(format_comparison(result))
+    _write_json(args.json, {"command": _command_line(), **result.as_dict()})
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
-    """``slimserve bench {latency,triton,grpc,compare,report}``."""
+    """``slimserve bench {latency,triton,grpc,compare,report,generators}``."""
     parser = subparsers.add_parser("bench", help="benchmarks: perf_analyzer, gRPC load, comparison, report")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_add_latency, _add_triton, _add_grpc, _add_compare, _add_report):
+    for add in (_add_latency, _add_triton, _add_grpc, _add_compare, _add_report, _add_generators):
         add(kinds)

@@ -1,4 +1,5 @@
-"""The scoring service as a child process for benchmarks (``slimserve serve``), stopped afterwards.
+"""A slimserve gRPC service as a child process for benchmarks, stopped afterwards: the scoring service
+(``slimserve serve``) or the reasoning service (``slimserve serve-reasoning``).
 
 A separate process, as in production: the load generator and the service do not share an interpreter.
 """
@@ -36,7 +37,7 @@ def wait_serving(target: str, process: subprocess.Popen, timeout_s: float, log_p
             except grpc.RpcError:
                 pass
             time.sleep(0.2)
-    raise RuntimeError(f"scoring service at {target} not serving; log {log_path}:\n{read_log_tail(log_path)}")
+    raise RuntimeError(f"service at {target} not serving; log {log_path}:\n{read_log_tail(log_path)}")
 
 
 @contextlib.contextmanager
@@ -47,12 +48,30 @@ def scoring_service(
 
     ``settings`` are further ScoringServiceConfig fields (``triton_chunk_size=8`` -> ``--triton-chunk-size 8``).
     """
+    with service_process("serve", bundle_dir, triton_url, timeout_s, **settings) as target:
+        yield target
+
+
+@contextlib.contextmanager
+def reasoning_service(
+    bundle_dir: Path, triton_url: str, timeout_s: float = 120.0, **settings: object
+) -> Iterator[str]:
+    """Run ``slimserve serve-reasoning`` for the generator bundle ``bundle_dir``; yield its ``host:port``."""
+    with service_process("serve-reasoning", bundle_dir, triton_url, timeout_s, **settings) as target:
+        yield target
+
+
+@contextlib.contextmanager
+def service_process(
+    subcommand: str, bundle_dir: Path, triton_url: str, timeout_s: float, **settings: object
+) -> Iterator[str]:
+    """Run ``slimserve <subcommand>`` on a free loopback port until the block ends (SIGTERM, then kill)."""
     port = free_port()
     command = [
         sys.executable,
         "-m",
         "slimserve.cli",
-        "serve",
+        subcommand,
         "--port",
         str(port),
         "--metrics-port",

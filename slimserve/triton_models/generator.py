@@ -294,11 +294,11 @@ class BatchEngine:
         return len(self.sequences)
 
     def _advance(self, sequence, token):
-        """Record ``token`` for ``sequence``; return its event."""
+        """Record ``token`` for ``sequence``; return its event (a stop id ends it and is not emitted or counted)."""
         sequence.generated += 1
-        self.stats.tokens += 1
         if token in sequence.stop_ids:
             return StepEvent(sequence.key, None, "stop")
+        self.stats.tokens += 1
         sequence.last_token = token
         finish = "length" if sequence.generated >= sequence.request.max_tokens else FINISH_RUNNING
         return StepEvent(sequence.key, token, finish)
