@@ -23,6 +23,8 @@ from slimserve.export.teacher import load_teacher
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig
 
 MODEL = "generator"
+CHUNKED = "generator_chunked"  # the same model publishing every STREAM_INTERVAL tokens
+STREAM_INTERVAL = 3
 MAX_ACTIVE = 2
 MAX_QUEUED = 2
 MAX_CONTEXT = 1024
@@ -46,10 +48,11 @@ def generator_triton(tmp_path_factory):
         max_active_sequences=MAX_ACTIVE,
         max_queued_requests=MAX_QUEUED,
     )
+    build_tiny_generator_repository(repository, name=CHUNKED, stream_interval=STREAM_INTERVAL)
     config = TritonServerConfig(
         model_repository=repository,
         model_control_mode="explicit",
-        load_models=(MODEL,),
+        load_models=(MODEL, CHUNKED),
         log_file=tmp_path_factory.mktemp("generator-log") / "tritonserver.log",
         startup_timeout_s=120,
         exit_timeout_s=5,
@@ -101,7 +104,7 @@ class Stream:
             self.done_at = now
             self.done.set()
 
-    def send(self, input_ids, max_tokens, **options):
+    def send(self, input_ids, max_tokens, model=MODEL, **options):
         inputs = [_tensor("input_ids", np.asarray(input_ids, np.int64), "INT64")]
         inputs.append(_tensor("max_tokens", np.array([max_tokens], np.int32), "INT32"))
         kinds = {
@@ -115,7 +118,7 @@ class Stream:
             else:
                 dtype, triton_type = kinds[name]
                 inputs.append(_tensor(name, np.array([value], dtype), triton_type))
-        self.client.async_stream_infer(MODEL, inputs)
+        self.client.async_stream_infer(model, inputs)
         return self
 
     def wait(self, timeout=60.0):
@@ -153,17 +156,30 @@ def generate(server, input_ids, max_tokens, **options) -> Stream:
     return stream
 
 
-def metrics(server) -> dict[str, float]:
-    """The generator's custom metrics (name{labels} -> value) from Triton's metrics port."""
+def metrics(server, model=MODEL) -> dict[str, float]:
+    """``model``'s custom metrics (name{labels} -> value) from Triton's metrics port."""
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     found = {}
     for line in text.splitlines():
         match = re.match(r"(slimserve_generator_\w+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
-        if match:
-            labels = match.group(2) or ""
+        if match and f'model="{model}"' in (match.group(2) or ""):
+            labels = match.group(2)
             reason = re.search(r'finish_reason="(\w+)"', labels)
             found[match.group(1) + (f"[{reason.group(1)}]" if reason else "")] = float(match.group(3))
     return found
+
+
+def settled_metrics(server, timeout_s: float = 10.0) -> dict[str, float]:
+    """The metrics once two reads 0.3 s apart agree (the model flushes its counters when idle)."""
+    deadline = time.monotonic() + timeout_s
+    previous = metrics(server)
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        current = metrics(server)
+        if current == previous:
+            return current
+        previous = current
+    return previous
 
 
 def test_greedy_tokens_stream_in_order_and_equal_pytorch(generator_triton, tiny_model, prompts):
@@ -175,8 +191,22 @@ def test_greedy_tokens_stream_in_order_and_equal_pytorch(generator_triton, tiny_
     assert len(stream.chunks) == 12  # one token per decoding step, in order, the last one final
 
 
+@pytest.mark.parametrize("max_tokens, sizes", [(10, [1, 3, 3, 3]), (9, [1, 3, 3, 2])])
+def test_stream_interval_sends_the_first_token_then_chunks(
+    generator_triton, tiny_model, prompts, max_tokens, sizes
+):
+    """With ``stream_interval`` 3 the first token comes alone (time to first token), then three at a
+    time; the final response carries the rest. The tokens are the same as one at a time."""
+    expected = torch_greedy(tiny_model.model, [prompts[1]], max_tokens)[0]
+    stream = Stream(generator_triton.grpc_url).send(prompts[1], max_tokens, model=CHUNKED).wait()
+    stream.close()
+    assert stream.error is None and stream.finish_reason == "length"
+    assert [len(c) for c in stream.chunks] == sizes
+    assert stream.tokens == expected
+
+
 def test_concurrent_requests_share_decoding_steps(generator_triton, tiny_model, prompts):
-    before = metrics(generator_triton)
+    before = settled_metrics(generator_triton)
     expected = torch_greedy(tiny_model.model, prompts[:2], SHARED_TOKENS)
     streams = [Stream(generator_triton.grpc_url) for _ in range(2)]  # connect first, then send together
     for stream, prompt in zip(streams, prompts[:2], strict=True):
@@ -184,7 +214,7 @@ def test_concurrent_requests_share_decoding_steps(generator_triton, tiny_model, 
     for stream in streams:
         stream.wait().close()
     assert [s.tokens for s in streams] == expected  # batching does not change anyone's tokens
-    after = metrics(generator_triton)
+    after = settled_metrics(generator_triton)
     steps = after["slimserve_generator_steps_total"] - before["slimserve_generator_steps_total"]
     tokens = after["slimserve_generator_tokens_total"] - before["slimserve_generator_tokens_total"]
     assert tokens == 2 * SHARED_TOKENS
@@ -197,7 +227,7 @@ def test_concurrent_requests_share_decoding_steps(generator_triton, tiny_model, 
 
 
 def test_cancelling_one_stream_frees_its_slot_and_spares_the_others(generator_triton, tiny_model, prompts):
-    before = metrics(generator_triton)
+    before = settled_metrics(generator_triton)
     keep = Stream(generator_triton.grpc_url).send(prompts[1], KEEP_TOKENS)
     victim = Stream(generator_triton.grpc_url).send(prompts[2], LONG - 200)
     keep.wait_tokens(1)
@@ -213,7 +243,7 @@ def test_cancelling_one_stream_frees_its_slot_and_spares_the_others(generator_tr
     assert keep.finish_reason == "length"
     assert keep.tokens == torch_greedy(tiny_model.model, [prompts[1]], KEEP_TOKENS)[0]
     waiting.close()
-    after = metrics(generator_triton)
+    after = settled_metrics(generator_triton)
     assert (
         after["slimserve_generator_requests_total[cancelled]"]
         - before["slimserve_generator_requests_total[cancelled]"]

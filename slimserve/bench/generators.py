@@ -3,7 +3,8 @@
 Both run the same way, one after the other: the Triton model ``generator`` (same precision, same batching
 settings) behind ``slimserve serve-reasoning``, loaded by closed-loop ``Explain`` streams on the same
 prompts (by default 1 and 8 concurrent streams). The teacher is exported from its source at the student's
-precision unless a repository holding it is given. Reported per variant and load:
+precision and with its serving settings (slots, queue, stream interval, threads) unless a repository
+holding it is given. Reported per variant and load:
 
 - decode throughput: tokens streamed per second over all streams (tokens / wall time of the level);
 - per-stream decode speed (tokens after the first per second, median) and time to first token;
@@ -104,8 +105,24 @@ def serve_and_load(repository: Path, variant: str, requests: list, plan: LoadPla
     return run
 
 
-def export_teacher(source: str, precision: str, into: Path) -> Path:
-    """Publish the teacher ``source`` as ``generator`` at ``precision`` into the repository ``into``."""
+SERVING_PARAMETERS = ("max_active_sequences", "max_queued_requests", "stream_interval", "intra_op_threads")
+
+
+def serving_settings(repository: Path, name: str = "generator") -> dict[str, int]:
+    """The serving parameters of a published generator's ``config.pbtxt`` (those it sets)."""
+    from ..export.triton_config import parse_config_pbtxt
+
+    config = parse_config_pbtxt((repository / name / "config.pbtxt").read_text())
+    return {
+        key: int(config.parameters[key].string_value)
+        for key in SERVING_PARAMETERS
+        if key in config.parameters and config.parameters[key].string_value
+    }
+
+
+def export_teacher(source: str, precision: str, into: Path, settings: dict[str, int] | None = None) -> Path:
+    """Publish the teacher ``source`` as ``generator`` at ``precision`` into the repository ``into``, with
+    the serving ``settings`` (keyword arguments of ``publish_generator``)."""
     from ..export.generator_repository import publish_generator
     from ..export.teacher import load_teacher
 
@@ -116,6 +133,7 @@ def export_teacher(source: str, precision: str, into: Path) -> Path:
         into,
         quantize=None if precision == "fp32" else precision,
         source_model=loaded.name,
+        **(settings or {}),
     )
     return into
 
@@ -157,8 +175,13 @@ def compare_generators(
             student, serve_and_load(teacher_repository, TEACHER, requests, plan), max_tokens
         )
     with tempfile.TemporaryDirectory(prefix="bench-teacher-", dir=cache_dir("bench")) as tmp:
-        log.info("exporting teacher %r at %s (the student's precision)", teacher_source, student.precision)
-        repository = export_teacher(teacher_source, student.precision, Path(tmp) / "model_repository")
+        settings = serving_settings(student_repository)
+        log.info(
+            "exporting teacher %r at %s with %s (as the student)", teacher_source, student.precision, settings
+        )
+        repository = export_teacher(
+            teacher_source, student.precision, Path(tmp) / "model_repository", settings
+        )
         teacher = serve_and_load(repository, TEACHER, requests, plan)
     return GeneratorComparison(student, teacher, max_tokens)
 

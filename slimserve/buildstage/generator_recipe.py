@@ -93,6 +93,9 @@ class GeneratorPublishSettings(_Strict):
     max_new_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask for")
     max_active_sequences: int = Field(8, ge=1, description="Slots of the running batch")
     max_queued_requests: int = Field(64, ge=1, description="Bounded queue (beyond: 'queue full')")
+    stream_interval: int = Field(
+        1, ge=1, description="Tokens per streamed response after the first (fewer messages per token)"
+    )
     device: Literal["cpu", "gpu"] = Field(
         "cpu", description="Where Triton runs the generator (gpu: KIND_GPU, ONNX Runtime's CUDA provider)"
     )

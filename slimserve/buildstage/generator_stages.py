@@ -294,6 +294,7 @@ def publish(ctx: GeneratorContext) -> Path:
         eos_token_ids=ctx.end_ids,
         max_active_sequences=settings.max_active_sequences,
         max_queued_requests=settings.max_queued_requests,
+        stream_interval=settings.stream_interval,
         device=settings.device,
     )
 

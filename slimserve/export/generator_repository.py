@@ -57,6 +57,7 @@ def generator_triton_spec(
     *,
     max_active_sequences: int = 8,
     max_queued_requests: int = 64,
+    stream_interval: int = 1,
     max_context: int | None = None,
     intra_op_threads: int = 0,
     parameters: Mapping[str, str] | None = None,
@@ -74,9 +75,12 @@ def generator_triton_spec(
         raise ValueError(f"max_active_sequences must be >= 1, got {max_active_sequences}")
     if max_queued_requests < 0:
         raise ValueError(f"max_queued_requests must be >= 0, got {max_queued_requests}")
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
     params = {
         "max_active_sequences": str(max_active_sequences),
         "max_queued_requests": str(max_queued_requests),
+        "stream_interval": str(stream_interval),
         "intra_op_threads": str(intra_op_threads),
         "execution_provider": "cuda" if device == "gpu" else "cpu",
         **(parameters or {}),
@@ -169,6 +173,7 @@ def publish_generator(
     eos_token_ids: Sequence[int] | None = None,
     max_active_sequences: int = 8,
     max_queued_requests: int = 64,
+    stream_interval: int = 1,
     intra_op_threads: int = 0,
     device: str = "cpu",
 ) -> Path:
@@ -236,6 +241,7 @@ def publish_generator(
             name,
             max_active_sequences=max_active_sequences,
             max_queued_requests=max_queued_requests,
+            stream_interval=stream_interval,
             intra_op_threads=intra_op_threads,
             parameters={"source_model": source_model} if source_model else None,
             device=device,
@@ -268,6 +274,8 @@ def build_tiny_generator_repository(
     max_queued_requests: int = 8,
     intra_op_threads: int = 1,
     parity_prompts: int = 3,
+    name: str = GENERATOR_MODEL,
+    stream_interval: int = 1,
 ) -> Path:
     """A repository with a tiny random Llama as ``generator`` (fast: seconds); returns the version path.
 
@@ -290,4 +298,6 @@ def build_tiny_generator_repository(
         max_active_sequences=max_active_sequences,
         max_queued_requests=max_queued_requests,
         intra_op_threads=intra_op_threads,
+        name=name,
+        stream_interval=stream_interval,
     )

@@ -379,6 +379,8 @@ class Pending:
     sender: object
     job: GenerationRequest
     arrived: float
+    unsent: list = field(default_factory=list)  # tokens held back by ``stream_interval``
+    sent_first: bool = False
 
 
 def _is_cancelled(pending):
@@ -454,6 +456,8 @@ class TritonPythonModel:
         self.max_active = int(param("max_active_sequences", "8"))
         self.max_queued = int(param("max_queued_requests", "64"))
         self.log_every = int(param("log_every_steps", "200"))
+        self.stream_interval = max(1, int(param("stream_interval", "1")))
+        self.metrics_interval_s = float(param("metrics_interval_s", "0.5"))
         self.queue = collections.deque()
         self.running = {}  # key -> Pending
         self.cond = threading.Condition()
@@ -461,12 +465,14 @@ class TritonPythonModel:
         self._next_key = 0
         self._next_log = 0
         self._make_metrics(args)
+        self._counted = (0, 0)  # engine (steps, tokens) already added to the counters
+        self._metrics_due = 0.0
         self.thread = threading.Thread(target=self._loop, name="generator-decode", daemon=True)
         self.thread.start()
         pb_utils.Logger.log_info(
             f"generator {args.get('model_name', '')} v{args['model_version']}: {path}, {self.limits}, "
             f"max_active_sequences={self.max_active}, max_queued_requests={self.max_queued}, "
-            f"intra_op_threads={threads or 'default'}"
+            f"stream_interval={self.stream_interval}, intra_op_threads={threads or 'default'}"
         )
 
     def _make_metrics(self, args):
@@ -518,6 +524,10 @@ class TritonPythonModel:
     def _loop(self):
         while True:
             with self.cond:
+                idle = not self.stopping and not self.queue and not self.running
+            if idle:
+                self._update_metrics(force=True)  # exact counters whenever the model is idle
+            with self.cond:
                 while not self.stopping and not self.queue and not self.running:
                     self.cond.wait()
                 if self.stopping:
@@ -530,10 +540,25 @@ class TritonPythonModel:
                     self._fail(pending.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
                 self.running.clear()
                 self.engine.reset()
-            self.active_metric.set(self.engine.active)
+            self._update_metrics()
+
+    def _update_metrics(self, force=False):
+        """Add new steps and tokens to the counters and set the gauge: at most every
+        ``metrics_interval_s`` while decoding (each update is a message to the Triton process)."""
+        now = time.monotonic()
+        if not force and now < self._metrics_due:
+            return
+        self._metrics_due = now + self.metrics_interval_s
+        stats = self.engine.stats
+        steps, tokens = self._counted
+        if stats.steps != steps:
+            self.steps_metric.increment(stats.steps - steps)
+        if stats.tokens != tokens:
+            self.tokens_metric.increment(stats.tokens - tokens)
+        self._counted = (stats.steps, stats.tokens)
+        self.active_metric.set(self.engine.active)
 
     def _iteration(self):
-        steps, tokens = self.engine.stats.steps, self.engine.stats.tokens
         self._drop_cancelled()
         while self.engine.active < self.max_active:
             with self.cond:
@@ -550,10 +575,7 @@ class TritonPythonModel:
         batch = self.engine.active
         for event in self.engine.step():
             self._emit(event)
-        # One metric update per iteration: each is a message to the Triton process.
         stats = self.engine.stats
-        self.steps_metric.increment(stats.steps - steps)
-        self.tokens_metric.increment(stats.tokens - tokens)
         if batch and self.log_every and stats.steps >= self._next_log:
             self._next_log = stats.steps + self.log_every
             pb_utils.Logger.log_info(
@@ -574,10 +596,16 @@ class TritonPythonModel:
             self._finish(pending, "cancelled")
 
     def _emit(self, event):
+        """Send a sequence's new token: the first at once, then every ``stream_interval`` tokens, and
+        whatever is held back with the final response."""
         pending = self.running[event.key]
-        tokens = [] if event.token is None else [event.token]
+        if event.token is not None:
+            pending.unsent.append(event.token)
         if event.finish_reason:
             del self.running[event.key]
+        elif pending.sent_first and len(pending.unsent) < self.stream_interval:
+            return
+        tokens, pending.unsent, pending.sent_first = pending.unsent, [], True
         self._send(pending, tokens, event.finish_reason)
 
     def _finish(self, pending, reason):
