@@ -186,7 +186,7 @@ def test_bench_generators_student_against_exported_teacher(generator_repository,
     out = tmp_path / "generators.json"
     code = main(
         ["bench", "generators", "--model-repository", str(generator_repository), "--teacher", "tiny",
-         "--streams", "1,3", "--max-tokens", "6", "--max-requests", "6", "--max-seconds", "3",
+         "--streams", "1,3", "--teacher-precision", "fp32", "--max-tokens", "6", "--max-requests", "6", "--max-seconds", "3",
          "--warmup", "1", "--requests", "3", "--json", str(out)]
     )  # fmt: skip
     assert code == 0

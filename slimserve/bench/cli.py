@@ -322,6 +322,11 @@ def _add_generators(kinds) -> None:
     teacher.add_argument(
         "--teacher-repository", type=Path, help="a repository already holding the teacher as 'generator'"
     )
+    parser.add_argument(
+        "--teacher-precision",
+        choices=("fp32", "int8", "int4"),
+        help="precision of the exported teacher (default: the student's)",
+    )
     parser.add_argument("--streams", type=_numbers(int), default=(1, 8), help="concurrent Explain streams")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per explanation (greedy)")
     parser.add_argument("--max-requests", type=int, default=48, help="most requests per load level")
@@ -350,7 +355,13 @@ def _run_generators(args: argparse.Namespace) -> int:
     )
     print(f"workload: {len(calls)} explanation prompts from {source}")
     result = compare_generators(
-        args.model_repository, calls, plan, args.max_tokens, args.teacher, args.teacher_repository
+        args.model_repository,
+        calls,
+        plan,
+        args.max_tokens,
+        args.teacher,
+        args.teacher_repository,
+        args.teacher_precision,
     )
     print(format_comparison(result))
     _write_json(args.json, {"command": _command_line(), **result.as_dict()})

@@ -165,9 +165,10 @@ def compare_generators(
     max_tokens: int,
     teacher_source: str = "default",
     teacher_repository: Path | None = None,
+    teacher_precision: str | None = None,
 ) -> GeneratorComparison:
-    """Serve and load the student's repository, then the teacher's (exported at the student's precision
-    into a temporary repository unless ``teacher_repository`` is given)."""
+    """Serve and load the student's repository, then the teacher's (exported at ``teacher_precision``,
+    default the student's, into a temporary repository unless ``teacher_repository`` is given)."""
     requests = explain_requests(calls, max_tokens)
     student = serve_and_load(student_repository, STUDENT, requests, plan)
     if teacher_repository is not None:
@@ -176,12 +177,9 @@ def compare_generators(
         )
     with tempfile.TemporaryDirectory(prefix="bench-teacher-", dir=cache_dir("bench")) as tmp:
         settings = serving_settings(student_repository)
-        log.info(
-            "exporting teacher %r at %s with %s (as the student)", teacher_source, student.precision, settings
-        )
-        repository = export_teacher(
-            teacher_source, student.precision, Path(tmp) / "model_repository", settings
-        )
+        precision = teacher_precision or student.precision
+        log.info("exporting teacher %r at %s with %s (as the student)", teacher_source, precision, settings)
+        repository = export_teacher(teacher_source, precision, Path(tmp) / "model_repository", settings)
         teacher = serve_and_load(repository, TEACHER, requests, plan)
     return GeneratorComparison(student, teacher, max_tokens)
 
