@@ -44,6 +44,11 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     parser.add_argument("--seed", type=int, help="sampler seed (same seed, same text)")
     parser.add_argument(
+        "--repetition-penalty",
+        type=float,
+        help="penalty >= 1 on tokens already generated (default: the service's, 1.15; 1 = off)",
+    )
+    parser.add_argument(
         "--stop",
         action="append",
         default=[],
@@ -57,7 +62,9 @@ def _options(args: argparse.Namespace):
     from .reasoning_client import build_options
 
     stops = [stop.replace("\\n", "\n").replace("\\t", "\t") for stop in args.stop]
-    return build_options(args.max_tokens, args.temperature, args.top_p, args.seed, stops)
+    return build_options(
+        args.max_tokens, args.temperature, args.top_p, args.seed, stops, args.repetition_penalty
+    )
 
 
 def _stream(args: argparse.Namespace, request) -> int:

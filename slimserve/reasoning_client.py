@@ -54,6 +54,7 @@ def build_options(
     top_p: float | None = None,
     seed: int | None = None,
     stop: Sequence[str] = (),
+    repetition_penalty: float | None = None,
 ):
     """A ``GenerationOptions`` protobuf (unset values stay unset: the service's defaults)."""
     from .v1 import reasoning_pb2
@@ -63,6 +64,8 @@ def build_options(
         options.top_p = top_p
     if seed is not None:
         options.seed = seed
+    if repetition_penalty is not None:
+        options.repetition_penalty = repetition_penalty
     return options
 
 

@@ -31,6 +31,7 @@ from slimserve.triton_models.generator import (
     Sampler,
     execution_providers,
     parse_request,
+    penalize_repeats,
 )
 from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (session fixture)
 
@@ -97,11 +98,30 @@ def test_sampler_greedy_seeded_and_top_p():
             },
             "temperature",
         ),
+        (
+            {
+                "input_ids": np.array([1], np.int64),
+                "max_tokens": np.array([4], np.int32),
+                "repetition_penalty": np.array([0.8], np.float32),
+            },
+            "repetition_penalty",
+        ),
     ],
 )
 def test_parse_request_names_the_bad_field(tensors, field):
     with pytest.raises(RequestError, match=repr(field)):
         parse_request(tensors, LIMITS)
+
+
+def test_repetition_penalty_makes_generated_tokens_less_likely():
+    logits = np.array([2.0, 1.9, -1.0, 0.5], dtype=np.float32)
+    assert penalize_repeats(logits, set(), 1.3) is logits and penalize_repeats(logits, {0}, 1.0) is logits
+    np.testing.assert_allclose(penalize_repeats(logits, {0, 2}, 2.0), [1.0, 1.9, -2.0, 0.5])
+    sampler = Sampler(repetition_penalty=1.2)
+    # 0 first; then 0's 2.0 / 1.2 = 1.67 < 1.9, so 1; then 1's 1.9 / 1.2 = 1.58 < 1.67, so 0 again
+    assert [sampler(logits) for _ in range(3)] == [0, 1, 0]
+    plain = Sampler()
+    assert [plain(logits) for _ in range(3)] == [0, 0, 0]
 
 
 def test_parse_request_defaults():
@@ -149,7 +169,7 @@ def test_published_repository_is_complete_and_consistent(published):
     config = parse_config_pbtxt((repository / "generator" / "config.pbtxt").read_text())
     assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
     optional = {t.name for t in config.input if t.optional}
-    assert optional == {"temperature", "top_p", "seed", "stop_token_ids"}
+    assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty"}
     bundle = load_generation_bundle(version_dir / "bundle")
     assert bundle.template_version == "explain-v1" and set(bundle.eos_token_ids) >= {0, 2}
     assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash

@@ -118,7 +118,7 @@ async def wait_for_metric(triton: TritonServer, finish_reason: str, at_least: fl
 async def test_explain_streams_the_models_greedy_text_in_order(generator_repository, stub, service):
     from slimserve.export.generator_parity import onnx_greedy
 
-    request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=24))
+    request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=24, repetition_penalty=1.0))
     _, text, meta = await collect(stub.Explain(request, timeout=30))
     prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
     onnx_path = generation_bundle_dir(generator_repository).parent / "model.onnx"
@@ -134,6 +134,22 @@ async def test_explain_streams_the_models_greedy_text_in_order(generator_reposit
     assert 0 < meta.time_to_first_token_ms <= meta.response.total_ms
 
 
+async def test_the_default_repetition_penalty_reaches_the_model(generator_repository, stub, service):
+    """Without options the service's default penalty (1.15) applies: the text equals the model's own
+    engine decoding with that penalty, token for token."""
+    from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder, generate
+
+    request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=40))
+    _, text, meta = await collect(stub.Explain(request, timeout=30))
+    prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
+    bundle_dir = generation_bundle_dir(generator_repository)
+    engine = BatchEngine(OnnxDecoder(bundle_dir.parent / "model.onnx", 1), service.core.bundle.eos_token_ids)
+    penalty = service.core.config.default_repetition_penalty
+    (expected,) = generate(engine, [GenerationRequest(tuple(prompt_ids), 40, repetition_penalty=penalty)])
+    assert penalty == 1.15 and meta.tokens_generated == len(expected)
+    assert text == tokenizer_of(generator_repository).decode(expected, skip_special_tokens=True)
+
+
 async def test_sampled_chunks_concatenate_to_the_models_tokens_decoded_at_once(
     generator_repository, triton, stub, service
 ):
@@ -143,7 +159,8 @@ async def test_sampled_chunks_concatenate_to_the_models_tokens_decoded_at_once(
     client = TritonGeneratorClient(triton.grpc_url, model_name="generator", model_version="1")
     try:
         ids = service.core.encode(prompt)
-        request = GenerationRequest(ids, max_tokens=200, temperature=1.0, seed=7)
+        penalty = service.core.config.default_repetition_penalty
+        request = GenerationRequest(ids, max_tokens=200, temperature=1.0, seed=7, repetition_penalty=penalty)
         tokens = [t async for step in client.generate(request, timeout_s=30) for t in step.token_ids]
     finally:
         await client.close()
@@ -240,6 +257,7 @@ async def test_deadline_ends_the_stream_and_the_model_request(triton, stub):
         (generate_request("hi", build_options(max_tokens=513)), "options.max_tokens"),
         (generate_request("hi", build_options(temperature=2.5)), "options.temperature"),
         (generate_request("hi", build_options(top_p=0.0)), "options.top_p"),
+        (generate_request("hi", build_options(repetition_penalty=0.5)), "options.repetition_penalty"),
         (generate_request("hi", build_options(stop=["a", "b", "c", "d", "e"])), "options.stop"),
         (generate_request("hi", build_options(stop=["x" * 65])), "options.stop[0]"),
         (generate_request("word " * 700, build_options(max_tokens=500)), "options.max_tokens"),

@@ -110,6 +110,9 @@ CONFIG = ReasoningServiceConfig(max_tokens_limit=100, default_max_tokens=32)
         (GenerationOptions(stop=("a", "b", "c", "d", "e")), "options.stop"),
         (GenerationOptions(stop=("ok", "")), "options.stop[1]"),
         (GenerationOptions(stop=("x" * 65,)), "options.stop[0]"),
+        (GenerationOptions(repetition_penalty=0.9), "options.repetition_penalty"),
+        (GenerationOptions(repetition_penalty=2.5), "options.repetition_penalty"),
+        (GenerationOptions(repetition_penalty=float("inf")), "options.repetition_penalty"),
     ],
 )
 def test_bad_options_name_the_field(options, field):
@@ -123,6 +126,8 @@ def test_options_defaults_and_model_limit():
     resolved = resolve_options(GenerationOptions(), CONFIG, model_limit=512)
     assert (resolved.max_tokens, resolved.temperature, resolved.top_p, resolved.seed) == (32, 0.0, 1.0, None)
     assert not resolved.explicit_max_tokens
+    assert resolved.repetition_penalty == CONFIG.default_repetition_penalty == 1.15
+    assert resolve_options(GenerationOptions(repetition_penalty=1.0), CONFIG, 512).repetition_penalty == 1.0
     assert resolve_options(GenerationOptions(max_tokens=100), CONFIG, 512).max_tokens == 100
     with pytest.raises(InvalidArgument, match="over the limit of 50"):  # the model's limit wins
         resolve_options(GenerationOptions(max_tokens=60), CONFIG, model_limit=50)

@@ -99,6 +99,7 @@ def generator_triton_spec(
             TensorSpec("top_p", "TYPE_FP32", (1,), optional=True),
             TensorSpec("seed", "TYPE_UINT64", (1,), optional=True),
             TensorSpec("stop_token_ids", "TYPE_INT64", (-1,), optional=True),
+            TensorSpec("repetition_penalty", "TYPE_FP32", (1,), optional=True),
         ),
         outputs=(
             TensorSpec("token_ids", "TYPE_INT64", (-1,)),

@@ -36,6 +36,7 @@ DEFAULT_ONNX_FILE = "model.onnx"
 GENAI_CONFIG_FILE = "genai_config.json"
 GENERATION_FILE = os.path.join("bundle", "generation.json")
 MAX_TEMPERATURE = 5.0
+MAX_REPETITION_PENALTY = 10.0
 FINISH_RUNNING = ""
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
@@ -157,6 +158,7 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: frozenset = frozenset()
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -217,24 +219,51 @@ def parse_request(tensors, limits):
     if not 0.0 < top_p <= 1.0:
         raise RequestError(f"input 'top_p' is {top_p}, must be in (0, 1]")
     seed = _scalar(tensors.get("seed"), "seed", "UINT64", int)
+    penalty = _scalar(tensors.get("repetition_penalty"), "repetition_penalty", "FP32", float)
+    penalty = 1.0 if penalty is None else penalty
+    if not 1.0 <= penalty <= MAX_REPETITION_PENALTY:  # also rejects NaN
+        raise RequestError(
+            f"input 'repetition_penalty' is {penalty}, must be in [1, {MAX_REPETITION_PENALTY}]"
+        )
     stops = tensors.get("stop_token_ids")
     stop_ids = (
         frozenset(_token_ids(stops, "stop_token_ids", limits.vocab_size))
         if stops is not None
         else frozenset()
     )
-    return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids)
+    return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids, penalty)
+
+
+def penalize_repeats(logits, seen, penalty):
+    """``logits`` with the tokens in ``seen`` (ids already generated) made less likely: positive logits
+    divided by ``penalty``, negative ones multiplied (CTRL / Hugging Face semantics); a copy."""
+    if penalty == 1.0 or not seen:
+        return logits
+    ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
+    out = logits.copy()
+    values = out[ids]
+    out[ids] = np.where(values > 0, values / penalty, values * penalty)
+    return out
 
 
 class Sampler:
-    """Chooses next tokens for one request: argmax at temperature 0, else temperature + top-p sampling."""
+    """Chooses next tokens for one request: argmax at temperature 0, else temperature + top-p sampling;
+    tokens it chose before are penalized by ``repetition_penalty`` (1: off)."""
 
-    def __init__(self, temperature=0.0, top_p=1.0, seed=None):
+    def __init__(self, temperature=0.0, top_p=1.0, seed=None, repetition_penalty=1.0):
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.rng = np.random.default_rng(seed)
+        self.repetition_penalty = float(repetition_penalty)
+        self.seen = set()
 
     def __call__(self, logits):
+        token = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty))
+        if self.repetition_penalty != 1.0:
+            self.seen.add(token)
+        return token
+
+    def _choose(self, logits):
         if self.temperature <= 0.0:
             return int(np.argmax(logits))
         scaled = logits.astype(np.float64) / self.temperature
@@ -308,7 +337,7 @@ class BatchEngine:
         sequence = Sequence(
             key,
             request,
-            Sampler(request.temperature, request.top_p, request.seed),
+            Sampler(request.temperature, request.top_p, request.seed, request.repetition_penalty),
             self.eos_token_ids | request.stop_token_ids,
         )
         logits, cache = self.decoder.prefill(request.input_ids)
@@ -396,7 +425,15 @@ def _is_cancelled(pending):
 
 
 def _read_tensors(request):
-    names = ("input_ids", "max_tokens", "temperature", "top_p", "seed", "stop_token_ids")
+    names = (
+        "input_ids",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop_token_ids",
+        "repetition_penalty",
+    )
     tensors = {}
     for name in names:
         tensor = pb_utils.get_input_tensor_by_name(request, name)

@@ -15,25 +15,25 @@ _sym_db = _symbol_database.Default()
 from slimserve.v1 import common_pb2 as slimserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cslimserve/v1/reasoning.proto\x12\x0cslimserve.v1\x1a\x19slimserve/v1/common.proto\"\x84\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\tB\x08\n\x06_top_pB\x07\n\x05_seed\"\x9e\x01\n\x0e\x45xplainRequest\x12$\n\x06member\x18\x01 \x01(\x0b\x32\x14.slimserve.v1.Member\x12 \n\x04item\x18\x02 \x01(\x0b\x32\x12.slimserve.v1.Item\x12\x30\n\x07options\x18\x03 \x01(\x0b\x32\x1f.slimserve.v1.GenerationOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"g\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x30\n\x07options\x18\x02 \x01(\x0b\x32\x1f.slimserve.v1.GenerationOptions\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xfa\x01\n\x12GenerationMetadata\x12\x30\n\x08response\x18\x01 \x01(\x0b\x32\x1e.slimserve.v1.ResponseMetadata\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.slimserve.v1.FinishReason\x12\x13\n\x0bstop_string\x18\x03 \x01(\t\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\"\\\n\tTextChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x32\n\x08metadata\x18\x03 \x01(\x0b\x32 .slimserve.v1.GenerationMetadata*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\x9c\x01\n\x10ReasoningService\x12\x42\n\x07\x45xplain\x12\x1c.slimserve.v1.ExplainRequest\x1a\x17.slimserve.v1.TextChunk0\x01\x12\x44\n\x08Generate\x12\x1d.slimserve.v1.GenerateRequest\x1a\x17.slimserve.v1.TextChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cslimserve/v1/reasoning.proto\x12\x0cslimserve.v1\x1a\x19slimserve/v1/common.proto\"\xbc\x01\n\x11GenerationOptions\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x9e\x01\n\x0e\x45xplainRequest\x12$\n\x06member\x18\x01 \x01(\x0b\x32\x14.slimserve.v1.Member\x12 \n\x04item\x18\x02 \x01(\x0b\x32\x12.slimserve.v1.Item\x12\x30\n\x07options\x18\x03 \x01(\x0b\x32\x1f.slimserve.v1.GenerationOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"g\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x30\n\x07options\x18\x02 \x01(\x0b\x32\x1f.slimserve.v1.GenerationOptions\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\xfa\x01\n\x12GenerationMetadata\x12\x30\n\x08response\x18\x01 \x01(\x0b\x32\x1e.slimserve.v1.ResponseMetadata\x12\x31\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1a.slimserve.v1.FinishReason\x12\x13\n\x0bstop_string\x18\x03 \x01(\t\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x18\n\x10tokens_generated\x18\x06 \x01(\r\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\"\\\n\tTextChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x32\n\x08metadata\x18\x03 \x01(\x0b\x32 .slimserve.v1.GenerationMetadata*~\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x03\x32\x9c\x01\n\x10ReasoningService\x12\x42\n\x07\x45xplain\x12\x1c.slimserve.v1.ExplainRequest\x1a\x17.slimserve.v1.TextChunk0\x01\x12\x44\n\x08Generate\x12\x1d.slimserve.v1.GenerateRequest\x1a\x17.slimserve.v1.TextChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'slimserve.v1.reasoning_pb2', _globals)
 if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
-  _globals['_FINISHREASON']._serialized_start=821
-  _globals['_FINISHREASON']._serialized_end=947
+  _globals['_FINISHREASON']._serialized_start=877
+  _globals['_FINISHREASON']._serialized_end=1003
   _globals['_GENERATIONOPTIONS']._serialized_start=74
-  _globals['_GENERATIONOPTIONS']._serialized_end=206
-  _globals['_EXPLAINREQUEST']._serialized_start=209
-  _globals['_EXPLAINREQUEST']._serialized_end=367
-  _globals['_GENERATEREQUEST']._serialized_start=369
-  _globals['_GENERATEREQUEST']._serialized_end=472
-  _globals['_GENERATIONMETADATA']._serialized_start=475
-  _globals['_GENERATIONMETADATA']._serialized_end=725
-  _globals['_TEXTCHUNK']._serialized_start=727
-  _globals['_TEXTCHUNK']._serialized_end=819
-  _globals['_REASONINGSERVICE']._serialized_start=950
-  _globals['_REASONINGSERVICE']._serialized_end=1106
+  _globals['_GENERATIONOPTIONS']._serialized_end=262
+  _globals['_EXPLAINREQUEST']._serialized_start=265
+  _globals['_EXPLAINREQUEST']._serialized_end=423
+  _globals['_GENERATEREQUEST']._serialized_start=425
+  _globals['_GENERATEREQUEST']._serialized_end=528
+  _globals['_GENERATIONMETADATA']._serialized_start=531
+  _globals['_GENERATIONMETADATA']._serialized_end=781
+  _globals['_TEXTCHUNK']._serialized_start=783
+  _globals['_TEXTCHUNK']._serialized_end=875
+  _globals['_REASONINGSERVICE']._serialized_start=1006
+  _globals['_REASONINGSERVICE']._serialized_end=1162
 # @@protoc_insertion_point(module_scope)

@@ -36,5 +36,14 @@ class ReasoningServiceConfig(RecordLimitsConfig):
     )
     max_prompt_chars: int = Field(8000, ge=1, description="Longest Generate prompt (characters).")
     max_temperature: float = Field(2.0, gt=0, le=5.0, description="Highest sampling temperature allowed.")
+    default_repetition_penalty: float = Field(
+        1.15,
+        ge=1.0,
+        le=10.0,
+        description="repetition_penalty of a request that sets none (1: off; 1.15 keeps small models out of loops).",
+    )
+    max_repetition_penalty: float = Field(
+        2.0, ge=1.0, le=10.0, description="Highest repetition_penalty a request may set."
+    )
     max_stop_strings: int = Field(4, ge=0, description="Most stop strings one request may give.")
     max_stop_chars: int = Field(64, ge=1, description="Longest stop string (characters).")

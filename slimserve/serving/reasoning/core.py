@@ -192,6 +192,7 @@ class ReasoningCore(ServiceCore):
             max_tokens=self.fit_max_tokens(len(ids), options, field),
             temperature=options.temperature,
             top_p=options.top_p,
+            repetition_penalty=options.repetition_penalty,
             seed=options.seed,
         )
 

@@ -32,6 +32,9 @@ def options_from_proto(message: reasoning_pb2.GenerationOptions) -> GenerationOp
         top_p=float(message.top_p) if message.HasField("top_p") else None,
         seed=int(message.seed) if message.HasField("seed") else None,
         stop=tuple(message.stop),
+        repetition_penalty=(
+            float(message.repetition_penalty) if message.HasField("repetition_penalty") else None
+        ),
     )
 
 

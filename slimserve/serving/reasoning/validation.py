@@ -3,7 +3,8 @@
 Members and items follow the shared record rules (``slimserve.serving.validation``). Options: max_tokens
 0 means the service's default and may not exceed the limit (the config's ``max_tokens_limit``, never
 above the model's ``max_new_tokens_limit``); temperature in [0, ``max_temperature``] (0 = greedy);
-top_p in (0, 1]; at most ``max_stop_strings`` non-empty stop strings of at most ``max_stop_chars``.
+top_p in (0, 1]; repetition_penalty in [1, ``max_repetition_penalty``] (None: the config's default);
+at most ``max_stop_strings`` non-empty stop strings of at most ``max_stop_chars``.
 A prompt is required, at most ``max_prompt_chars``, without control characters but tab and newlines.
 """
 
@@ -32,6 +33,7 @@ class GenerationOptions:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    repetition_penalty: float | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class ResolvedOptions:
     seed: int | None
     stop: tuple[str, ...]
     explicit_max_tokens: bool
+    repetition_penalty: float = 1.0
 
 
 def _finite(value: object, field: str) -> float:
@@ -81,6 +84,15 @@ def resolve_options(
     ):
         raise InvalidArgument(f"{field}.seed", f"must be a whole number in [0, 2^64), got {seed!r}")
     check_stops(options.stop, config, f"{field}.stop")
+    penalty = (
+        config.default_repetition_penalty
+        if options.repetition_penalty is None
+        else _finite(options.repetition_penalty, f"{field}.repetition_penalty")
+    )
+    if not 1.0 <= penalty <= config.max_repetition_penalty:
+        raise InvalidArgument(
+            f"{field}.repetition_penalty", f"{penalty:g} is outside [1, {config.max_repetition_penalty:g}]"
+        )
     return ResolvedOptions(
         max_tokens=max_tokens or min(config.default_max_tokens, limit),
         temperature=temperature,
@@ -88,6 +100,7 @@ def resolve_options(
         seed=seed,
         stop=tuple(options.stop),
         explicit_max_tokens=max_tokens > 0,
+        repetition_penalty=penalty,
     )
 
 

@@ -298,6 +298,7 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
+    repetition_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,8 @@ def generation_inputs(request: GenerationRequest) -> list[InferInput]:
         inputs.append(_tensor("seed", [request.seed], "UINT64", np.uint64))
     if request.stop_token_ids:
         inputs.append(_tensor("stop_token_ids", request.stop_token_ids, "INT64", np.int64))
+    if request.repetition_penalty != 1.0:  # models published before this input existed still serve
+        inputs.append(_tensor("repetition_penalty", [request.repetition_penalty], "FP32", np.float32))
     return inputs
 
 
