@@ -495,6 +495,9 @@ class TritonPythonModel:
         self.log_every = int(param("log_every_steps", "200"))
         self.stream_interval = max(1, int(param("stream_interval", "1")))
         self.metrics_interval_s = float(param("metrics_interval_s", "0.5"))
+        # Each is_cancelled() is a round trip to the Triton process: checked every few ms, not every step.
+        self.cancel_check_interval_s = float(param("cancel_check_interval_s", "0.01"))
+        self._cancel_check_due = 0.0
         self.queue = collections.deque()
         self.running = {}  # key -> Pending
         self.cond = threading.Condition()
@@ -620,6 +623,10 @@ class TritonPythonModel:
             )
 
     def _drop_cancelled(self):
+        now = time.monotonic()
+        if now < self._cancel_check_due:
+            return
+        self._cancel_check_due = now + self.cancel_check_interval_s
         cancelled = [key for key, pending in self.running.items() if _is_cancelled(pending)]
         if cancelled:
             self.engine.drop(cancelled)
