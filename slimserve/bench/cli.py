@@ -141,6 +141,29 @@ def _run_triton(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- load bounds (grpc, generators) ---------------------------------------------------------------------
+def _add_load_bounds(
+    parser: argparse.ArgumentParser, max_requests: int, max_seconds: float, warmup: int, timeout: float
+) -> None:
+    parser.add_argument("--max-requests", type=int, default=max_requests, help="most requests per load level")
+    parser.add_argument("--max-seconds", type=float, default=max_seconds, help="most seconds per load level")
+    parser.add_argument("--warmup", type=int, default=warmup, help="unmeasured requests first")
+    parser.add_argument("--timeout", type=float, default=timeout, help="deadline per request (s)")
+
+
+def _load_plan(args: argparse.Namespace, concurrencies: tuple[int, ...], rates: tuple[float, ...] = ()):
+    from .grpc_load import LoadPlan
+
+    return LoadPlan(
+        concurrencies=concurrencies,
+        rates=rates,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        warmup_requests=args.warmup,
+        timeout_s=args.timeout,
+    )
+
+
 # -- grpc ----------------------------------------------------------------------------------------------
 def _add_grpc(kinds) -> None:
     parser = kinds.add_parser("grpc", help="asyncio load generator against a running service (loopback)")
@@ -148,10 +171,7 @@ def _add_grpc(kinds) -> None:
     parser.add_argument("--method", choices=("Score", "Explain"), default="Score", help="RPC to load")
     parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
     parser.add_argument("--rate", type=_numbers(float), default=(), help="open-loop Poisson rates (req/s)")
-    parser.add_argument("--max-requests", type=int, default=500, help="most requests per load level")
-    parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
-    parser.add_argument("--warmup", type=int, default=8, help="unmeasured requests first")
-    parser.add_argument("--timeout", type=float, default=30.0, help="deadline per request (s)")
+    _add_load_bounds(parser, max_requests=500, max_seconds=10.0, warmup=8, timeout=30.0)
     parser.add_argument("--max-tokens", type=int, default=32, help="Explain: tokens to generate")
     parser.add_argument("--json", type=Path, help="write the points to this JSON file")
     _add_workload_args(parser)
@@ -159,19 +179,12 @@ def _add_grpc(kinds) -> None:
 
 
 def _run_grpc(args: argparse.Namespace) -> int:
-    from .grpc_load import LoadPlan, bench_service, explain_requests, format_load_table, score_requests
+    from .grpc_load import bench_service, explain_requests, format_load_table, score_requests
     from .workload import load_calls
 
     calls, source = load_calls(args.dataset, requests=args.requests, candidates=args.candidates)
     requests = score_requests(calls) if args.method == "Score" else explain_requests(calls, args.max_tokens)
-    plan = LoadPlan(
-        concurrencies=args.concurrency,
-        rates=args.rate,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        warmup_requests=args.warmup,
-        timeout_s=args.timeout,
-    )
+    plan = _load_plan(args, args.concurrency, args.rate)
     print(f"workload: {len(calls)} requests from {source}")
     points = asyncio.run(bench_service(args.target, args.method, requests, plan))
     print(format_load_table(points))
@@ -329,10 +342,7 @@ def _add_generators(kinds) -> None:
     )
     parser.add_argument("--streams", type=_numbers(int), default=(1, 8), help="concurrent Explain streams")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per explanation (greedy)")
-    parser.add_argument("--max-requests", type=int, default=48, help="most requests per load level")
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="most seconds per load level")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured requests first")
-    parser.add_argument("--timeout", type=float, default=300.0, help="deadline per request (s)")
+    _add_load_bounds(parser, max_requests=48, max_seconds=60.0, warmup=2, timeout=300.0)
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     _add_workload_args(parser, candidates=False)
     parser.set_defaults(handler=_run_generators)
@@ -340,19 +350,12 @@ def _add_generators(kinds) -> None:
 
 def _run_generators(args: argparse.Namespace) -> int:
     from .generators import compare_generators, format_comparison
-    from .grpc_load import LoadPlan
     from .workload import load_calls
 
     if args.max_tokens < 1:
         raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     calls, source = load_calls(args.dataset, requests=args.requests, candidates=1)
-    plan = LoadPlan(
-        concurrencies=args.streams,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        warmup_requests=args.warmup,
-        timeout_s=args.timeout,
-    )
+    plan = _load_plan(args, args.streams)
     print(f"workload: {len(calls)} explanation prompts from {source}")
     result = compare_generators(
         args.model_repository,
