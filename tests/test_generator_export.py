@@ -257,3 +257,19 @@ def test_packaged_teacher_exports_with_parity_and_int8(tmp_path):
     assert report["parity_fp32"]["identical"] is True
     assert 0.0 <= report["agreement_quantized"]["token_agreement"] <= 1.0
     assert load_generation_bundle(version_dir / "bundle").precision == "int8"
+
+
+def test_measure_graphs_times_published_versions(published, capsys, tmp_path):
+    """`generator_measure --graphs NAME=PATH` times published graphs on the same prompts (no speed asserted)."""
+    from slimserve.export.generator_measure import main as measure_main
+
+    _, version_dir = published
+    onnx = version_dir / "model.onnx"
+    assert measure_main(["--graphs", f"a={onnx}", f"b={onnx}", "--prompts", "2", "--new-tokens", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["command"].endswith("--prompts 2 --new-tokens 4")
+    for name in ("a", "b"):
+        assert result[name]["single_stream_decode_tokens_per_s"] > 0
+        assert result[name]["batch2_decode_tokens_per_s"] > 0
+    with pytest.raises(SystemExit, match="not a published generator version"):
+        measure_main(["--graphs", f"x={tmp_path / 'model.onnx'}"])

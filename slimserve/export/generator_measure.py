@@ -107,6 +107,30 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threa
     return result
 
 
+def measure_graphs(graphs: dict[str, Path], prompts: int, new_tokens: int) -> dict:
+    """Decode speed of published generator graphs (``<version>/model.onnx``, tokenizer in its bundle) on
+    the same explanation prompts, no PyTorch reference: e.g. a student against its teacher."""
+    result: dict = {"prompts": prompts, "new_tokens": new_tokens}
+    for name, onnx_path in graphs.items():
+        tokenizer = onnx_path.parent / "bundle" / "tokenizer.json"
+        if not onnx_path.is_file() or not tokenizer.is_file():
+            raise SystemExit(f"--graphs {name}={onnx_path}: not a published generator version's model.onnx")
+        sequences = encode_prompts(tokenizer, explanation_prompts(prompts))
+        result[name] = {
+            **decode_speed(onnx_path, sequences, new_tokens),
+            "load_average_1m": os.getloadavg()[0],
+        }
+        log.info("%s: %s", name, json.dumps(result[name]))
+    return result
+
+
+def _graph(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, Path(path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", default="default", help="'default', 'tiny' or a HF model directory")
@@ -114,10 +138,20 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=8, help="explanation prompts")
     parser.add_argument("--new-tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch threads of the reference")
+    parser.add_argument(
+        "--graphs",
+        nargs="+",
+        type=_graph,
+        metavar="NAME=PATH",
+        help="instead: decode speed of published graphs (<repository>/generator/<version>/model.onnx)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens, args.torch_threads)
+    if args.graphs:
+        result = measure_graphs(dict(args.graphs), args.prompts, args.new_tokens)
+    else:
+        result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens, args.torch_threads)
     result["command"] = shlex.join(
         ["python", "-m", "slimserve.export.generator_measure", *(argv or sys.argv[1:])]
     )
