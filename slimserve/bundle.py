@@ -35,6 +35,25 @@ class TensorNames:
     score: str = "score"
     # Extra output of the CPU python-backend scorer: compute time of the batch the request ran in.
     compute_ms: str = "compute_ms"
+    # The multi-item scorer's inputs: one member prefix, many item suffixes.
+    prefix_ids: str = "prefix_ids"
+    prefix_mask: str = "prefix_mask"
+    item_ids: str = "item_ids"
+    item_mask: str = "item_mask"
+
+
+SCORING_SINGLE = "single"  # one sequence per candidate: input_ids, attention_mask -> score
+SCORING_MULTI_ITEM = "multi_item"  # one prefix per call, the candidates as item suffixes -> score
+SCORING_MODES = (SCORING_SINGLE, SCORING_MULTI_ITEM)
+
+
+@dataclass(frozen=True)
+class PromptSplit:
+    """How a split scoring prompt is tokenized: the member prefix and each item suffix on their own,
+    each cut to its budget (head and tail kept), then concatenated (prefix first)."""
+
+    prefix_max_tokens: int = 320
+    item_max_tokens: int = 128
 
 
 @dataclass(frozen=True)
@@ -52,17 +71,37 @@ class ServingBundle:
     tokenizer_sha256: str
     source_model: str = ""
     tensors: TensorNames = field(default_factory=TensorNames)
+    # Multi-item scoring (absent in bundles written before it: single-sequence, whole-text prompts).
+    scoring_mode: str = SCORING_SINGLE
+    prompt_split: PromptSplit | None = None
+    item_length_buckets: tuple[int, ...] = ()
+    max_items_per_request: int = 0
     content_hash: str = ""
+
+    def __post_init__(self):
+        if self.scoring_mode not in SCORING_MODES:
+            raise BundleError(f"scoring_mode: {self.scoring_mode!r} is not one of {SCORING_MODES}")
+        if self.scoring_mode == SCORING_MULTI_ITEM and (
+            self.prompt_split is None or not self.item_length_buckets or self.max_items_per_request < 1
+        ):
+            raise BundleError(
+                "a multi_item bundle needs prompt_split, item_length_buckets and max_items_per_request >= 1"
+            )
 
     @property
     def max_length(self) -> int:
         """Longest sequence the model accepts (the largest bucket)."""
         return max(self.length_buckets)
 
+    @property
+    def multi_item(self) -> bool:
+        return self.scoring_mode == SCORING_MULTI_ITEM
+
     def manifest(self) -> dict:
         """The bundle as JSON-ready data (what ``bundle.json`` holds)."""
         data = asdict(self)
         data["length_buckets"] = list(self.length_buckets)
+        data["item_length_buckets"] = list(self.item_length_buckets)
         data["schema_version"] = BUNDLE_SCHEMA_VERSION
         return data
 
@@ -135,8 +174,15 @@ def load_bundle(directory: Path) -> ServingBundle:
     data = read_manifest(path, BUNDLE_SCHEMA_VERSION)
     try:
         tensors = TensorNames(**data.pop("tensors", {}))
+        split = data.pop("prompt_split", None)
         bundle = ServingBundle(
-            **{**data, "length_buckets": tuple(data["length_buckets"]), "tensors": tensors}
+            **{
+                **data,
+                "length_buckets": tuple(data["length_buckets"]),
+                "item_length_buckets": tuple(data.get("item_length_buckets", ())),
+                "prompt_split": None if split is None else PromptSplit(**split),
+                "tensors": tensors,
+            }
         )
     except (TypeError, KeyError) as exc:
         raise BundleError(f"{path}: malformed bundle: {exc}") from exc

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
-SCORING_TEMPLATE_VERSION = "scoring-v3"
+SCORING_TEMPLATE_VERSION = "scoring-v4"
+# Templates whose prompt is one text tokenized as a whole (no member prefix / item suffix split). Their
+# bundles are still served, by the single-sequence scorer.
+WHOLE_TEXT_TEMPLATES = ("scoring-v3",)
 
 # The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
 # because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
@@ -116,16 +119,27 @@ def render_match(member: Member, item: Item) -> str:
     )
 
 
-def render_scoring_prompt(member: Member, item: Item) -> str:
-    """The full scoring prompt: profile, candidate, match line, question, answer cue."""
+def render_member_prefix(member: Member) -> str:
+    """The member prefix of a scoring prompt (profile and activity): the same for all candidates of a
+    Score call, so multi-item scoring computes it once."""
+    return render_member(member)
+
+
+def render_item_suffix(member: Member, item: Item) -> str:
+    """The item suffix of a scoring prompt: the candidate, its match line, the question, the answer cue."""
     kind = _KIND_TEXT[item.kind]
     return (
-        f"{render_member(member)}"
         f"{render_item(item)}"
         f"{render_match(member, item)}"
         f"Question: Will this member engage with this {kind}? Answer Yes or No.\n"
         f"Answer:"
     )
+
+
+def render_scoring_prompt(member: Member, item: Item) -> str:
+    """The full scoring prompt as one text: member prefix + item suffix (``scoring-v3`` tokenizes it
+    whole; ``scoring-v4`` tokenizes the two parts separately, see ``slimserve.scoring_tokens``)."""
+    return render_member_prefix(member) + render_item_suffix(member, item)
 
 
 # The reasoning workload: the generator explains why an item suits a member. The text is the user turn

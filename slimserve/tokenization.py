@@ -36,8 +36,13 @@ class PromptTokenizer:
 
     def encode(self, prompts: list[str]) -> list[list[int]]:
         """Token ids per prompt, truncated to ``max_length`` keeping head and tail."""
-        encodings = self._tokenizer.encode_batch(prompts, add_special_tokens=True)
-        return [truncate_head_tail(e.ids, self.max_length) for e in encodings]
+        return self.encode_within(prompts, self.max_length, add_special_tokens=True)
+
+    def encode_within(self, texts: list[str], max_length: int, *, add_special_tokens: bool) -> list[list[int]]:
+        """Token ids per text, truncated to ``max_length`` keeping head and tail (prompt parts: a member
+        prefix starts a sequence and gets the special tokens, an item suffix continues one and does not)."""
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [truncate_head_tail(e.ids, max_length) for e in encodings]
 
 
 def truncate_head_tail(ids: list[int], max_length: int, tail: int = TAIL_TOKENS) -> list[int]:
@@ -76,3 +81,29 @@ def pad_batch(
         input_ids[row, : len(seq)] = seq
         attention_mask[row, : len(seq)] = 1
     return input_ids, attention_mask
+
+
+def pad_multi_item(
+    prefixes: list[list[int]],
+    items: list[list[list[int]]],
+    item_length: int | None = None,
+    pad_token_id: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Multi-item tensors for B members: ``prefix_ids``/``prefix_mask`` [B, P] (P the longest prefix)
+    and ``item_ids``/``item_mask`` [B, N, L] (N the most items, L ``item_length`` or the longest item),
+    all int64 and right-padded; a member with fewer items gets all-zero mask rows."""
+    if not prefixes or len(prefixes) != len(items):
+        raise ValueError(f"need one item list per prefix, got {len(prefixes)} prefixes, {len(items)} lists")
+    if any(not p for p in prefixes) or any(not group for group in items):
+        raise ValueError("every member needs a non-empty prefix and at least one item")
+    prefix_ids, prefix_mask = pad_batch(prefixes, max(map(len, prefixes)), pad_token_id)
+    longest = max(len(seq) for group in items for seq in group)
+    length = longest if item_length is None else item_length
+    count = max(map(len, items))
+    item_ids = np.full((len(items), count, length), pad_token_id, dtype=np.int64)
+    item_mask = np.zeros((len(items), count, length), dtype=np.int64)
+    for row, group in enumerate(items):
+        ids, mask = pad_batch(group, length, pad_token_id)
+        item_ids[row, : len(group)] = ids
+        item_mask[row, : len(group)] = mask
+    return prefix_ids, prefix_mask, item_ids, item_mask
