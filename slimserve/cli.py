@@ -57,7 +57,11 @@ def _add_build(sub) -> None:
     parser = sub.add_parser(
         "build", help="data -> teacher fine-tune -> distill -> prune -> re-distill -> INT8 -> publish"
     )
-    parser.add_argument("--recipe", default="cpu", help="tiny, cpu, gpu (build/recipes) or a YAML path")
+    parser.add_argument(
+        "--recipe",
+        default="cpu",
+        help="tiny, cpu, gpu, tiny-gpu (shipped in slimserve/recipes) or a YAML path",
+    )
     parser.add_argument("--teacher", help="override teacher.source: default, tiny or a HF model directory")
     parser.add_argument("--work-dir", type=Path, help="stage outputs (default build_output/<recipe>)")
     parser.add_argument("--model-repository", type=Path, help="override publish.model_repository")
@@ -280,7 +284,11 @@ COMMANDS: tuple[Callable, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser (each subcommand with its own ``--help``)."""
-    parser = argparse.ArgumentParser(prog="slimserve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="slimserve",
+        description="Compress a recommendation LLM into a small student and serve it over gRPC through Triton.",
+        epilog="Each command has its own --help; `slimserve up` starts the services on a model (README.md).",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:

@@ -5,6 +5,8 @@ the environment's ``bin/``; otherwise it is unzipped from a ``pip download`` of 
 ``<cache>/perf_analyzer/2.51.0/``. It links ``libb64.so.0d`` and ``libcudart.so.12``, which the
 ``nvidia-pytriton`` wheel carries under hashed names; symlinks with the expected names in
 ``<cache>/perf_analyzer/lib/`` on ``LD_LIBRARY_PATH`` make them resolvable (see RUNTIME-FACTS.md).
+``python -m slimserve.bench.perf_analyzer wrap`` (run by ``scripts/install.sh``) does the same for the
+environment's own ``bin/perf_analyzer``, so that one also runs by hand (``wrap_venv_binary``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import io
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -90,10 +93,13 @@ def _pytriton_libs() -> Path:
     return libs
 
 
-def library_dir() -> Path:
-    """A cache folder with ``libb64.so.0d`` and ``libcudart.so.12`` symlinked from nvidia-pytriton."""
+def library_dir(folder: Path | None = None) -> Path:
+    """``folder`` (default: a cache folder) with ``libb64.so.0d`` and ``libcudart.so.12`` symlinked from
+    nvidia-pytriton."""
     libs = _pytriton_libs()
-    folder = cache_dir("perf_analyzer", "lib")
+    if folder is None:
+        folder = cache_dir("perf_analyzer", "lib")
+    folder.mkdir(parents=True, exist_ok=True)
     for soname, pattern in LIBRARIES.items():
         found = sorted(libs.glob(pattern))
         if not found:
@@ -113,6 +119,73 @@ def perf_analyzer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(library_dir()), env.get("LD_LIBRARY_PATH")) if p)
     return env
+
+
+# -- the venv's perf_analyzer, runnable by hand ------------------------------------------------------------
+WRAPPER_MARK = "# slimserve: perf_analyzer wrapper"
+
+
+def wrap_venv_binary(bin_dir: Path | None = None) -> Path:
+    """Make ``<bin_dir>/perf_analyzer`` (default: this interpreter's ``bin/``) run as it is, by hand.
+
+    pip puts tritonclient's binary there, and alone it cannot find its libraries. The binary moves to
+    ``<bin_dir>/../lib/perf_analyzer-<version>/``, beside symlinks to its libraries (``library_dir``), and
+    a small shell script that sets ``LD_LIBRARY_PATH`` and execs it takes its place. Idempotent: run again
+    (``scripts/install.sh`` does, on every install), it re-links the libraries and keeps the script; a
+    binary that a reinstall of tritonclient put back is moved again. Returns the script's path.
+    """
+    bin_dir = (bin_dir or Path(sys.executable).parent).absolute()
+    entry = bin_dir / "perf_analyzer"
+    home = bin_dir.parent / "lib" / f"perf_analyzer-{PERF_ANALYZER_VERSION}"
+    real = home / "perf_analyzer"
+    head = b""
+    if entry.is_file():
+        with entry.open("rb") as file:
+            head = file.read(4096)
+    if head.startswith(b"\x7fELF"):
+        home.mkdir(parents=True, exist_ok=True)
+        os.replace(entry, real)
+    elif head and WRAPPER_MARK.encode() not in head:
+        raise PerfAnalyzerError(f"{entry} is neither perf_analyzer nor slimserve's wrapper: left alone")
+    if not (real.is_file() and os.access(real, os.X_OK)):
+        raise PerfAnalyzerError(f"no perf_analyzer binary at {entry} or {real} (is tritonclient installed?)")
+    libs = library_dir(home)
+    script = "\n".join(
+        [
+            "#!/bin/sh",
+            WRAPPER_MARK,
+            f"# tritonclient {PERF_ANALYZER_VERSION}'s binary with its libraries (libb64, libcudart from",
+            "# nvidia-pytriton); written by `python -m slimserve.bench.perf_analyzer wrap` (scripts/install.sh).",
+            f'LD_LIBRARY_PATH={shlex.quote(str(libs))}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"',
+            "export LD_LIBRARY_PATH",
+            f'exec {shlex.quote(str(real))} "$@"',
+            "",
+        ]
+    )
+    if not entry.is_file() or entry.read_text() != script:
+        staged = entry.with_name(f".perf_analyzer-{os.getpid()}")
+        staged.write_text(script)
+        staged.chmod(0o755)
+        os.replace(staged, entry)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slimserve.bench.perf_analyzer wrap [--bin-dir DIR]`` (scripts/install.sh runs it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m slimserve.bench.perf_analyzer")
+    sub = parser.add_subparsers(dest="command", required=True)
+    wrap = sub.add_parser("wrap", help="make <bin-dir>/perf_analyzer runnable by hand (its libraries found)")
+    wrap.add_argument("--bin-dir", type=Path, help="default: the bin/ folder of this Python")
+    args = parser.parse_args(argv)
+    try:
+        entry = wrap_venv_binary(args.bin_dir)
+    except PerfAnalyzerError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    sys.stdout.write(f"{entry}: perf_analyzer with its libraries\n")
+    return 0
 
 
 # -- input data ----------------------------------------------------------------------------------------
@@ -332,3 +405,7 @@ def measure_point(
             "perf_analyzer: no stable measurement; retrying with %d-request windows", retry.window_requests
         )
         return run_point(make_command(retry), csv_path, settings.timeout_s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -119,7 +119,6 @@ class PublishSettings(_Strict):
     max_queue_size: int = Field(1024, ge=0, description="Triton queue bound (RESOURCE_EXHAUSTED beyond)")
     default_timeout_us: int = Field(30_000_000, ge=0, description="Queue timeout (non-zero: deadlines apply)")
 
-
     def prompt_split(self) -> PromptSplit:
         """How scoring prompts are tokenized (member prefix and item suffixes apart)."""
         return PromptSplit(self.prefix_max_tokens, self.item_max_tokens)
