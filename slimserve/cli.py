@@ -241,6 +241,8 @@ def _run_up(args: argparse.Namespace) -> int:
 
 # -- score --------------------------------------------------------------------------------------------
 def _add_score(sub) -> None:
+    from .channel import add_client_security_flags
+
     parser = sub.add_parser("score", help="rank candidates for a member through the scoring service")
     parser.add_argument("--target", default="127.0.0.1:50051", help="scoring service address host:port")
     parser.add_argument(
@@ -250,14 +252,19 @@ def _add_score(sub) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="items to return (0: all)")
     parser.add_argument("--timeout", type=float, default=30.0, help="deadline in seconds")
     parser.add_argument("--json", action="store_true", help="print the response as JSON")
+    add_client_security_flags(parser)
     parser.set_defaults(handler=_run_score)
 
 
 def _run_score(args: argparse.Namespace) -> int:
+    from .channel import security_from_args
     from .client import load_score_input, print_ranking, score_once
 
     member, candidates = load_score_input(args.input, args.candidates)
-    result = score_once(args.target, member, candidates, top_k=args.top_k, timeout_s=args.timeout)
+    security = security_from_args(args)
+    result = score_once(
+        args.target, member, candidates, top_k=args.top_k, timeout_s=args.timeout, security=security
+    )
     print_ranking(result, candidates, as_json=args.json)
     return EXIT_OK
 

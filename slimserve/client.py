@@ -7,6 +7,7 @@ from pathlib import Path
 
 import grpc
 
+from .channel import ClientSecurity, open_channel
 from .errors import UserError
 from .examples import EXAMPLE_MEMBER, example_candidates
 from .schema import Item, Member, SchemaError, item_from_dict, member_from_dict
@@ -45,11 +46,18 @@ def build_request(member: Member, candidates: list[Item], top_k: int = 0, reques
     )
 
 
-def score_once(target: str, member: Member, candidates: list[Item], top_k: int = 0, timeout_s: float = 30.0):
+def score_once(
+    target: str,
+    member: Member,
+    candidates: list[Item],
+    top_k: int = 0,
+    timeout_s: float = 30.0,
+    security: ClientSecurity | None = None,
+):
     """Call ``Score`` once on ``target`` (host:port); returns the ``ScoreResponse``."""
     from .v1 import scoring_pb2_grpc
 
-    with grpc.insecure_channel(target) as channel:
+    with open_channel(target, security) as channel:
         stub = scoring_pb2_grpc.ScoringServiceStub(channel)
         try:
             return stub.Score(build_request(member, candidates, top_k), timeout=timeout_s)

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .channel import add_client_security_flags, security_from_args
+
 EXIT_OK = 0
 DEFAULT_TARGET = "127.0.0.1:50052"
 
@@ -56,6 +58,7 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     parser.add_argument("--request-id", default="", help="request id for logs and metadata")
+    add_client_security_flags(parser)
 
 
 def _options(args: argparse.Namespace):
@@ -70,7 +73,7 @@ def _options(args: argparse.Namespace):
 def _stream(args: argparse.Namespace, request) -> int:
     from .reasoning_client import format_metadata, stream_text
 
-    metadata = stream_text(args.target, request, timeout_s=args.timeout)
+    metadata = stream_text(args.target, request, timeout_s=args.timeout, security=security_from_args(args))
     sys.stdout.write("\n\n" + format_metadata(metadata) + "\n")
     return EXIT_OK
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from .channel import ClientSecurity, open_channel
 from .errors import UserError
 from .examples import EXAMPLE_MEMBER, example_candidates
 from .schema import Item, Member, SchemaError, item_from_dict, member_from_dict
@@ -107,6 +108,7 @@ def stream_text(
     *,
     timeout_s: float = 60.0,
     write: Callable[[str], object] | None = None,
+    security: ClientSecurity | None = None,
 ):
     """Call Explain (an ExplainRequest) or Generate on ``target``, writing text as it arrives; return
     the closing ``GenerationMetadata``."""
@@ -115,7 +117,7 @@ def stream_text(
     write = write or _write_stdout
     method = "Explain" if request.DESCRIPTOR.name == "ExplainRequest" else "Generate"
     metadata = None
-    with grpc.insecure_channel(target) as channel:
+    with open_channel(target, security) as channel:
         call = getattr(reasoning_pb2_grpc.ReasoningServiceStub(channel), method)
         try:
             for chunk in call(request, timeout=timeout_s):

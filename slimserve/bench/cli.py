@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..channel import add_client_security_flags, security_from_args
 from ..errors import UserError
 
 DEFAULT_REPOSITORY = Path("model_repository")
@@ -61,13 +62,17 @@ def _add_latency(kinds) -> None:
     latency.add_argument("--requests", type=int, default=100, help="measured requests per count")
     latency.add_argument("--warmup", type=int, default=5, help="unmeasured requests per count first")
     latency.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    add_client_security_flags(latency)
     latency.set_defaults(handler=_run_latency)
 
 
 def _run_latency(args: argparse.Namespace) -> int:
     from .latency import format_latency_table, measure_score_latency
 
-    results = measure_score_latency(args.target, list(args.candidates), args.requests, args.warmup)
+    security = security_from_args(args)
+    results = measure_score_latency(
+        args.target, list(args.candidates), args.requests, args.warmup, security=security
+    )
     print(format_latency_table(results))
     _write_json(args.json, [r.as_dict() for r in results])
     return 0
@@ -175,6 +180,7 @@ def _add_grpc(kinds) -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="Explain: tokens to generate")
     parser.add_argument("--json", type=Path, help="write the points to this JSON file")
     _add_workload_args(parser)
+    add_client_security_flags(parser)
     parser.set_defaults(handler=_run_grpc)
 
 
@@ -186,7 +192,8 @@ def _run_grpc(args: argparse.Namespace) -> int:
     requests = score_requests(calls) if args.method == "Score" else explain_requests(calls, args.max_tokens)
     plan = _load_plan(args, args.concurrency, args.rate)
     print(f"workload: {len(calls)} requests from {source}")
-    points = asyncio.run(bench_service(args.target, args.method, requests, plan))
+    security = security_from_args(args)
+    points = asyncio.run(bench_service(args.target, args.method, requests, plan, security=security))
     print(format_load_table(points))
     _write_json(args.json, [p.as_dict() for p in points])
     return 0

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from ..channel import ClientSecurity, open_aio_channel
 from ..errors import UserError
 from .stats import LatencySummary
 
@@ -281,7 +282,12 @@ async def run_load(call: Call, method: str, plan: LoadPlan) -> list[LoadPoint]:
 
 
 async def bench_service(
-    target: str, method: str, requests: list, plan: LoadPlan, check_target: bool = True
+    target: str,
+    method: str,
+    requests: list,
+    plan: LoadPlan,
+    check_target: bool = True,
+    security: ClientSecurity | None = None,
 ) -> list[LoadPoint]:
     """Run ``plan`` against ``method`` ("Score" or "Explain") of the service at ``target``."""
     if check_target:
@@ -289,7 +295,7 @@ async def bench_service(
     makers = {"Score": score_call, "Explain": explain_call}
     if method not in makers:
         raise ValueError(f"method must be one of {sorted(makers)}, got {method!r}")
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with open_aio_channel(target, security) as channel:
         return await run_load(makers[method](channel, requests, plan.timeout_s), method, plan)
 
 

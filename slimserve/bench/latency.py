@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from ..channel import ClientSecurity, open_channel
 from ..client import build_request
 from ..examples import EXAMPLE_MEMBER, example_candidates
 from .stats import LatencySummary
@@ -29,13 +30,18 @@ class LatencyResult:
 
 
 def measure_score_latency(
-    target: str, candidate_counts: list[int], requests: int = 100, warmup: int = 5, timeout_s: float = 30.0
+    target: str,
+    candidate_counts: list[int],
+    requests: int = 100,
+    warmup: int = 5,
+    timeout_s: float = 30.0,
+    security: ClientSecurity | None = None,
 ) -> list[LatencyResult]:
     """Send ``requests`` sequential Score calls per candidate count; return latency summaries."""
     from ..v1 import scoring_pb2_grpc
 
     results = []
-    with grpc.insecure_channel(target) as channel:
+    with open_channel(target, security) as channel:
         stub = scoring_pb2_grpc.ScoringServiceStub(channel)
         for count in candidate_counts:
             request = build_request(EXAMPLE_MEMBER, example_candidates(count))

@@ -1,0 +1,187 @@
+"""Client channels of the CLI tools (``score``, ``explain``, ``generate``, ``bench grpc``, ``bench latency``):
+plaintext, TLS or mTLS, and a bearer token sent as ``authorization`` metadata on every call.
+
+``add_client_security_flags`` adds the same flags to each command; ``security_from_args`` reads them
+(the token also from ``SLIMSERVE_TOKEN``); ``open_channel`` and ``open_aio_channel`` build the channel.
+The token goes through a client interceptor, so it works on a plaintext loopback channel too. grpc is
+imported only when a channel is opened (the flags are added while ``--help`` is built).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+TOKEN_ENV = "SLIMSERVE_TOKEN"
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How a client reaches a service: TLS material (PEM bytes) and a bearer token."""
+
+    tls: bool = False
+    root_certificates: bytes | None = None
+    certificate_chain: bytes | None = None
+    private_key: bytes | None = None
+    server_name: str | None = None
+    token: str | None = None
+
+    def credentials(self):
+        """``grpc.ChannelCredentials`` for TLS (None: plaintext)."""
+        if not self.tls:
+            return None
+        import grpc
+
+        return grpc.ssl_channel_credentials(self.root_certificates, self.private_key, self.certificate_chain)
+
+    def options(self) -> list[tuple[str, str]]:
+        """Channel options: the name the server's certificate must carry, when not the target's host."""
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
+PLAINTEXT = ClientSecurity()
+
+
+def add_client_security_flags(parser: argparse.ArgumentParser) -> None:
+    """``--tls``, ``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--tls-server-name``, ``--token``,
+    ``--token-file``."""
+    group = parser.add_argument_group("security (default: plaintext, no token)")
+    group.add_argument("--tls", action="store_true", help="speak TLS (the system's CA certificates)")
+    group.add_argument(
+        "--tls-ca", type=Path, help="CA certificate (PEM) to check the server with; implies --tls"
+    )
+    group.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mTLS; implies --tls")
+    group.add_argument("--tls-key", type=Path, help="private key (PEM) of --tls-cert")
+    group.add_argument(
+        "--tls-server-name", help="name the server's certificate must carry (when --target is an address)"
+    )
+    group.add_argument(
+        "--token", help=f"bearer token (shows in ps: prefer --token-file or {TOKEN_ENV} in the environment)"
+    )
+    group.add_argument("--token-file", type=Path, help="file whose first line is the bearer token")
+
+
+def _read(path: Path | None, flag: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: {exc}") from None
+
+
+def security_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ClientSecurity:
+    """The ``ClientSecurity`` of parsed ``add_client_security_flags`` flags."""
+    environ = os.environ if environ is None else environ
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UserError("--tls-cert and --tls-key go together")
+    token = args.token
+    if token is None and args.token_file is not None:
+        lines = (_read(args.token_file, "--token-file") or b"").decode().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise UserError(f"--token-file {args.token_file}: empty")
+    if token is None:
+        token = environ.get(TOKEN_ENV) or None
+    return ClientSecurity(
+        tls=bool(args.tls or args.tls_ca or args.tls_cert),
+        root_certificates=_read(args.tls_ca, "--tls-ca"),
+        certificate_chain=_read(args.tls_cert, "--tls-cert"),
+        private_key=_read(args.tls_key, "--tls-key"),
+        server_name=args.tls_server_name,
+        token=token,
+    )
+
+
+def _with_metadata(details, extra: tuple[tuple[str, str], ...], details_class):
+    metadata = (*(tuple(details.metadata) if details.metadata else ()), *extra)
+    return details_class(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+def _sync_token_interceptor(extra: tuple[tuple[str, str], ...]):
+    """A blocking-channel interceptor adding ``extra`` metadata to every call."""
+    import grpc
+
+    class Details(grpc.ClientCallDetails):
+        def __init__(self, method, timeout, metadata, credentials, wait_for_ready):
+            self.method, self.timeout, self.metadata = method, timeout, metadata
+            self.credentials, self.wait_for_ready = credentials, wait_for_ready
+
+    class Token(
+        grpc.UnaryUnaryClientInterceptor,
+        grpc.UnaryStreamClientInterceptor,
+        grpc.StreamUnaryClientInterceptor,
+        grpc.StreamStreamClientInterceptor,
+    ):
+        def _call(self, continuation, details, request):
+            return continuation(_with_metadata(details, extra, Details), request)
+
+        intercept_unary_unary = intercept_unary_stream = _call
+        intercept_stream_unary = intercept_stream_stream = _call
+
+    return Token()
+
+
+def open_channel(target: str, security: ClientSecurity | None = None):
+    """A blocking ``grpc.Channel`` to ``target`` (use it in a ``with``)."""
+    import grpc
+
+    security = security or PLAINTEXT
+    credentials = security.credentials()
+    if credentials is None:
+        channel = grpc.insecure_channel(target, options=security.options())
+    else:
+        channel = grpc.secure_channel(target, credentials, options=security.options())
+    if security.metadata():
+        channel = grpc.intercept_channel(channel, _sync_token_interceptor(security.metadata()))
+    return channel
+
+
+def _aio_token_interceptors(extra: tuple[tuple[str, str], ...]) -> list:
+    """asyncio interceptors (one per call kind: grpc.aio files each under one) adding ``extra``."""
+    from grpc import aio
+
+    def details(d):
+        return _with_metadata(d, extra, aio.ClientCallDetails)
+
+    class UnaryUnary(aio.UnaryUnaryClientInterceptor):
+        async def intercept_unary_unary(self, continuation, d, request):
+            return await continuation(details(d), request)
+
+    class UnaryStream(aio.UnaryStreamClientInterceptor):
+        async def intercept_unary_stream(self, continuation, d, request):
+            return await continuation(details(d), request)
+
+    class StreamUnary(aio.StreamUnaryClientInterceptor):
+        async def intercept_stream_unary(self, continuation, d, requests):
+            return await continuation(details(d), requests)
+
+    class StreamStream(aio.StreamStreamClientInterceptor):
+        async def intercept_stream_stream(self, continuation, d, requests):
+            return await continuation(details(d), requests)
+
+    return [UnaryUnary(), UnaryStream(), StreamUnary(), StreamStream()]
+
+
+def open_aio_channel(target: str, security: ClientSecurity | None = None, options: list | None = None):
+    """A ``grpc.aio.Channel`` to ``target`` (use it in an ``async with``)."""
+    from grpc import aio
+
+    security = security or PLAINTEXT
+    extra = security.metadata()
+    interceptors = _aio_token_interceptors(extra) if extra else None
+    all_options = [*(options or []), *security.options()]
+    credentials = security.credentials()
+    if credentials is None:
+        return aio.insecure_channel(target, options=all_options, interceptors=interceptors)
+    return aio.secure_channel(target, credentials, options=all_options, interceptors=interceptors)
