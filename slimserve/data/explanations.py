@@ -1,0 +1,380 @@
+"""Explanations of (member, item) pairs written from the pair's observable facts only.
+
+The generator teacher is fine-tuned on these before it is distilled (docs/generator-build.md), so the
+student learns to explain a recommendation from what the profile and the item actually say. Pure Python.
+
+**Facts** (``pair_facts``): the item's required skills the member has (shared) and lacks (missing), the
+level gap (item level minus member level, in steps of ``Seniority``), the location fit (same city, remote
+and the member is open to remote, remote but the member is not, another city), whether the item's industry
+is one of the member's, and the member's most relevant recent activity (the most recent history entry at
+the item's company, else in the item's industry, else the most recent entry; an explanation mentions it
+only when it concerns the item's company or industry).
+
+**Verdict** (``verdict_of``), the first words of every explanation. Points: 3 x the share of required
+skills the member has (1.5 when the item lists none), plus 1 when the level is at most one step away (or
+unknown), plus 1 when the location works (same city, or remote and the member is open to remote):
+
+- ``Strong fit``: 4 points or more (two of three skills with level and location fitting, or every skill
+  with one of them);
+- ``Weak fit``: under 2 points (no skill shared and at most one of level or location, or one of three
+  skills and neither);
+- ``Partial fit``: everything else.
+
+Industry and activity are stated as context; they do not move the verdict (the member's taste for a kind
+of company is hidden in the synthetic data and shows only through the activity). On the synthetic data the
+three verdicts separate the labels well (about 80%, 45% and 12% engaged).
+
+**Wording** (``write_explanation``): the verdict sentence, then the skills sentence (always second, so a
+length-limited answer still names them), then level, location, industry and activity in a shuffled order;
+every fact has several phrasings, all drawn from a seeded ``random.Random``. The text names only the pair's
+own skills, companies, cities and industries; ``evaluation.grounding`` checks exactly that.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
+from . import vocab
+
+VERDICTS = ("Strong fit", "Partial fit", "Weak fit")
+_LEVELS = [level for level in Seniority if level is not Seniority.UNSPECIFIED]
+_LEVEL_TEXT = {
+    Seniority.INTERN: "intern",
+    Seniority.ENTRY: "entry-level",
+    Seniority.MID: "mid-level",
+    Seniority.SENIOR: "senior",
+    Seniority.LEAD: "lead",
+    Seniority.DIRECTOR: "director",
+    Seniority.EXECUTIVE: "executive",
+}
+_KIND_TEXT = {
+    ItemKind.UNSPECIFIED: "role",
+    ItemKind.JOB: "job",
+    ItemKind.COURSE: "course",
+    ItemKind.POST: "post",
+}
+
+# Location fit of a pair.
+SAME_CITY, REMOTE_OPEN, REMOTE_CLOSED, OTHER_CITY = (
+    "same city",
+    "remote, open",
+    "remote, not open",
+    "other city",
+)
+
+
+@dataclass(frozen=True)
+class PairFacts:
+    """What a (member, item) pair's fields say, and nothing else."""
+
+    shared_skills: tuple[str, ...]  # required skills the member has (item order)
+    missing_skills: tuple[str, ...]  # required skills the member lacks (item order)
+    level_gap: int | None  # item level - member level in steps (None: either unspecified)
+    member_level: str
+    item_level: str
+    location_fit: str  # SAME_CITY, REMOTE_OPEN, REMOTE_CLOSED or OTHER_CITY
+    member_city: str
+    item_city: str
+    industry_match: bool
+    item_industry: str
+    member_industries: tuple[str, ...]
+    company: str
+    kind: str  # "job", "course", ...
+    activity: Activity | None  # the most relevant recent history entry
+    activity_relation: str  # "same company", "same industry" or "other"
+
+    @property
+    def skill_share(self) -> float | None:
+        """Shared / required skills (None when the item lists none)."""
+        required = len(self.shared_skills) + len(self.missing_skills)
+        return len(self.shared_skills) / required if required else None
+
+    @property
+    def location_works(self) -> bool:
+        return self.location_fit in (SAME_CITY, REMOTE_OPEN)
+
+
+def _level_gap(member: Seniority, item: Seniority) -> int | None:
+    if Seniority.UNSPECIFIED in (member, item):
+        return None
+    return _LEVELS.index(item) - _LEVELS.index(member)
+
+
+def _location_fit(member: Member, item: Item) -> str:
+    if item.remote:
+        return REMOTE_OPEN if member.open_to_remote else REMOTE_CLOSED
+    if member.location and member.location == item.location:
+        return SAME_CITY
+    return OTHER_CITY
+
+
+def _relevant_activity(member: Member, item: Item) -> tuple[Activity | None, str]:
+    history = [a for a in member.history if a.item_title]
+    for activity in history:
+        if item.company and activity.company == item.company:
+            return activity, "same company"
+    for activity in history:
+        if item.industry and activity.industry == item.industry:
+            return activity, "same industry"
+    return (history[0], "other") if history else (None, "other")
+
+
+def pair_facts(member: Member, item: Item) -> PairFacts:
+    """The observable facts of a pair (see the module docstring)."""
+    owned = set(member.skills)
+    required = [s for s in dict.fromkeys(item.required_skills) if s]
+    activity, relation = _relevant_activity(member, item)
+    return PairFacts(
+        shared_skills=tuple(s for s in required if s in owned),
+        missing_skills=tuple(s for s in required if s not in owned),
+        level_gap=_level_gap(member.seniority, item.seniority),
+        member_level=_LEVEL_TEXT.get(member.seniority, ""),
+        item_level=_LEVEL_TEXT.get(item.seniority, ""),
+        location_fit=_location_fit(member, item),
+        member_city=member.location,
+        item_city=item.location,
+        industry_match=bool(item.industry) and item.industry in member.industries,
+        item_industry=item.industry,
+        member_industries=tuple(i for i in member.industries if i),
+        company=item.company,
+        kind=_KIND_TEXT[item.kind],
+        activity=activity,
+        activity_relation=relation,
+    )
+
+
+def verdict_points(facts: PairFacts) -> float:
+    """The points the verdict is read from (see the module docstring)."""
+    share = facts.skill_share
+    level_close = facts.level_gap is None or abs(facts.level_gap) <= 1
+    return (1.5 if share is None else 3 * share) + float(level_close) + float(facts.location_works)
+
+
+def verdict_of(facts: PairFacts) -> str:
+    """``Strong fit``, ``Partial fit`` or ``Weak fit`` by the rule in the module docstring."""
+    points = verdict_points(facts)
+    if points >= 4 - 1e-9:
+        return "Strong fit"
+    if points < 2 - 1e-9:
+        return "Weak fit"
+    return "Partial fit"
+
+
+def verdict_for(member: Member, item: Item) -> str:
+    """The verdict the facts of ``(member, item)`` call for."""
+    return verdict_of(pair_facts(member, item))
+
+
+def _join(values) -> str:
+    values = list(values)
+    if len(values) <= 1:
+        return "".join(values)
+    return ", ".join(values[:-1]) + " and " + values[-1]
+
+
+def _steps(n: int) -> str:
+    return "one level" if n == 1 else f"{n} levels"
+
+
+def _capitalize(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _verdict_sentence(rng: random.Random, verdict: str, f: PairFacts) -> str:
+    return rng.choice(
+        (
+            f"{verdict}.",
+            f"{verdict} for you.",
+            f"{verdict} overall.",
+            f"{verdict} for this {f.kind}.",
+        )
+    )
+
+
+def _skills_sentence(rng: random.Random, f: PairFacts) -> str:
+    shared, missing = _join(f.shared_skills), _join(f.missing_skills)
+    if not f.shared_skills and not f.missing_skills:
+        return rng.choice(
+            (
+                f"The {f.kind} lists no required skills.",
+                "No required skills are listed to compare with yours.",
+            )
+        )
+    if not f.missing_skills:
+        return rng.choice(
+            (
+                f"You have every skill it asks for: {shared}.",
+                f"Your skills cover the whole list: {shared}.",
+                f"All of the required skills are on your profile ({shared}).",
+                f"You already know {shared}, all that the {f.kind} requires.",
+            )
+        )
+    if not f.shared_skills:
+        return rng.choice(
+            (
+                f"You have none of the required skills ({missing}).",
+                f"The {f.kind} asks for {missing}, none of which are on your profile.",
+                f"None of your skills match: it needs {missing}.",
+                f"Your profile lists none of {missing}.",
+            )
+        )
+    return rng.choice(
+        (
+            f"You have {shared}, but you would need {missing}.",
+            f"Your {shared} skills match; {missing} {'is' if len(f.missing_skills) == 1 else 'are'} missing "
+            f"from your profile.",
+            f"You bring {shared}, while {missing} {'is' if len(f.missing_skills) == 1 else 'are'} lacking.",
+            f"Shared skills: {shared}. Missing: {missing}.",
+            f"You already know {shared} but not {missing}.",
+        )
+    )
+
+
+def _level_sentence(rng: random.Random, f: PairFacts) -> str:
+    gap = f.level_gap
+    if gap is None:
+        return rng.choice(("The level cannot be compared.", "Its seniority is not stated."))
+    if gap == 0:
+        return rng.choice(
+            (
+                f"It is at your level ({f.item_level}).",
+                f"The {f.item_level} level matches yours.",
+                f"Same level as you: {f.item_level}.",
+            )
+        )
+    direction = "above" if gap > 0 else "below"
+    step = "up" if gap > 0 else "down"
+    return rng.choice(
+        (
+            f"It is {f.item_level}, {_steps(abs(gap))} {direction} you.",
+            f"The {f.kind} is {f.item_level}, {_steps(abs(gap))} {direction} your {f.member_level} level.",
+            f"It is {'a step' if abs(gap) == 1 else f'{abs(gap)} steps'} {step} from {f.member_level}.",
+        )
+    )
+
+
+def _location_sentence(rng: random.Random, f: PairFacts) -> str:
+    if f.location_fit == REMOTE_OPEN:
+        return rng.choice(
+            (
+                "It is remote, and you are open to that.",
+                "It is remote, which suits you.",
+                "Remote work is possible, as you want.",
+            )
+        )
+    if f.location_fit == REMOTE_CLOSED:
+        return rng.choice(
+            ("It is remote, but you are not open to remote work.", "It is remote, which you do not want.")
+        )
+    if f.location_fit == SAME_CITY:
+        return rng.choice(
+            (f"It is in {f.item_city}, where you live.", f"It is on site in {f.item_city}, your city.")
+        )
+    here = f.member_city or "your city"
+    return rng.choice(
+        (
+            f"It is on site in {f.item_city}; you are in {here}.",
+            f"You would have to move from {here} to {f.item_city}.",
+            f"It is in {f.item_city}, not {here}.",
+        )
+    )
+
+
+def _industry_sentence(rng: random.Random, f: PairFacts) -> str:
+    industry = f.item_industry
+    if not industry:
+        return rng.choice(("Its industry is not stated.", f"The {f.kind} names no industry."))
+    company = f.company or f"The {f.kind}"
+    if f.industry_match:
+        return rng.choice(
+            (
+                f"It is in {industry}, your industry.",
+                f"{company} is in {industry}, an industry you know.",
+                f"{_capitalize(industry)} is an industry you work in.",
+            )
+        )
+    yours = _join(f.member_industries)
+    options = [
+        f"{_capitalize(industry)} would be a new industry for you.",
+        f"{company} is in {industry}, new to you.",
+    ]
+    if yours:
+        options.append(f"It is in {industry}, outside your {yours} background.")
+    return rng.choice(options)
+
+
+def _activity_sentence(rng: random.Random, f: PairFacts) -> str | None:
+    a = f.activity
+    if a is None or f.activity_relation == "other":
+        return None  # no history, or none that concerns this item's company or industry
+    at = f" at {a.company}" if a.company else ""
+    verbs = ("dismissed", "passed on") if a.kind is ActivityKind.DISMISSED else ("engaged with", "looked at")
+    if f.activity_relation == "same company":
+        return rng.choice(
+            (
+                f"You recently {rng.choice(verbs)} a {a.item_title} role{at}.",
+                f"Your recent activity: you {rng.choice(verbs)} {a.item_title}{at}.",
+            )
+        )
+    return rng.choice(
+        (
+            f"You recently {rng.choice(verbs)} a {a.item_title} role in {a.industry}.",
+            f"Your recent activity: you {rng.choice(verbs)} {a.item_title} ({a.industry}).",
+        )
+    )
+
+
+def write_explanation(member: Member, item: Item, rng: random.Random) -> str:
+    """A short explanation of the pair from its facts: verdict, skills, then the other facts shuffled."""
+    f = pair_facts(member, item)
+    first = [_verdict_sentence(rng, verdict_of(f), f), _skills_sentence(rng, f)]
+    rest = [_level_sentence(rng, f), _location_sentence(rng, f), _industry_sentence(rng, f)]
+    activity = _activity_sentence(rng, f)
+    if activity is not None:
+        rest.append(activity)
+    rng.shuffle(rest)
+    return " ".join(first + rest)
+
+
+def explanation_rng(seed: int, member: Member, item: Item) -> random.Random:
+    """The seeded generator of one pair's explanation (the same pair and seed write the same text)."""
+    return random.Random(f"{seed}:{member.id}:{item.id}")
+
+
+# Free instructions for the teacher to answer itself (mixed into its fine-tune so that free ``Generate``
+# prompts keep working): templates filled from the dataset's vocabulary.
+_GENERAL_TEMPLATES = (
+    "Give three short tips for a job interview as a {title}.",
+    "Write a two-sentence job advert for a {title} in {city}.",
+    "What does a {title} do in a typical week? Answer briefly.",
+    "Explain in two sentences what {skill} is used for.",
+    "Suggest a one-week plan to start learning {skill}.",
+    "Write a short, friendly message to a recruiter asking about a {title} role.",
+    "List three questions to ask at the end of an interview in {industry}.",
+    "Summarize in two sentences why {industry} companies hire for {skill}.",
+    "Write a one-paragraph summary for a profile of an experienced {title}.",
+    "How can someone move from {industry} into a new industry? Give two ideas.",
+    "Name two ways to show {skill} experience on a CV.",
+    "Write a polite two-sentence reply declining a job offer.",
+)
+
+
+def general_instructions(count: int, seed: int) -> list[str]:
+    """``count`` free instructions (career and general questions), seeded."""
+    rng = random.Random(f"general:{seed}")
+    titles = [t for f in vocab.FAMILIES for t in f.titles]
+    skills = sorted({s for f in vocab.FAMILIES for s in f.skills})
+    out = []
+    for _ in range(count):
+        template = rng.choice(_GENERAL_TEMPLATES)
+        out.append(
+            template.format(
+                title=rng.choice(titles),
+                city=rng.choice(vocab.CITIES),
+                skill=rng.choice(skills),
+                industry=rng.choice(vocab.INDUSTRIES),
+            )
+        )
+    return out

@@ -1,0 +1,270 @@
+"""Is an explanation of a (member, item) pair grounded in the pair's facts? Pure Python (no torch).
+
+Per explanation (``check_explanation``):
+
+- **hallucination**: the text names a skill, company, city or industry of the dataset's vocabulary
+  (``data.vocab``) that appears nowhere in the pair (member fields and history, item fields), or it
+  claims the member has a skill they lack;
+- **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
+  outside a clause that denies it;
+- **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
+  with the verdict the facts call for (``data.explanations.verdict_of``); no verdict is a disagreement;
+- **decision agreement** (when the scoring student's decision is given): ``Strong fit`` agrees with
+  "engage", ``Weak fit`` with "not engage"; a ``Partial fit`` makes no yes/no claim and is left out,
+  a missing verdict disagrees.
+
+How a skill claim is read (a heuristic on clauses): the text is cut into clauses at sentence ends,
+semicolons and contrast words (but, while, although, ...). A clause with a negation (not, no, none,
+lack, missing, without, ...) claims nothing. Otherwise a skill is claimed when a second-person word
+(you, your, ...) comes before it with no requirement word (need, requires, asks for, learn, ...) before
+it, or when the clause speaks of sharing (shared, in common, match, both, ...) and has no requirement
+word. Titles (the item's, the headline, the history's) are masked first, and a term that is one of the
+pair's industries is not read as a skill. A few vocabulary words that are also plain English (``go``,
+``excel``, ``lean``, ``planning``, ``react``, ``mentoring``, ``education``, ``energy``) count only for
+coverage, never as a hallucination.
+
+``summarize`` aggregates rates over held-out pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..data import vocab
+from ..data.explanations import VERDICTS, pair_facts, verdict_of
+from ..schema import Item, Member
+
+PLAIN_WORDS = frozenset({"go", "excel", "lean", "planning", "react", "mentoring", "education", "energy"})
+
+_NEGATION = re.compile(
+    r"\b(not|no|none|never|lack|lacks|lacking|missing|miss|misses|without|absent|gap|gaps)\b|n[\u2019']t\b"
+)
+_NEED = re.compile(
+    r"\b(need|needs|needed|require|requires|required|requirement|requirements|ask|asks|asking|asked|"
+    r"call|calls|want|wants|looking|learn|learning|pick up|build up|acquire|develop|gain)\b"
+)
+_POSSESSION = re.compile(r"\b(you|your|yours|you[\u2019']re|you[\u2019']ve|you[\u2019']d)\b")
+_SHARING = re.compile(r"\b(shared|share|shares|in common|overlap|overlaps|overlapping|match|matches|both)\b")
+_CLAUSE_SPLIT = re.compile(
+    r"[.!?;\n]+|\b(?:but|while|whereas|although|though|however|yet|except)\b", re.IGNORECASE
+)
+_VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
+_FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    skills: frozenset[str]
+    companies: frozenset[str]
+    cities: frozenset[str]
+    industries: frozenset[str]
+    pattern: re.Pattern
+
+    def kinds(self, term: str) -> list[str]:
+        return [
+            kind
+            for kind, terms in (
+                ("skill", self.skills),
+                ("company", self.companies),
+                ("city", self.cities),
+                ("industry", self.industries),
+            )
+            if term in terms
+        ]
+
+
+@lru_cache(maxsize=1)
+def vocabulary() -> _Vocabulary:
+    """The known skills, companies, cities and industries (lowercase) and one regex finding them, longest
+    first (``social media`` is one mention, not also ``media``)."""
+    skills = frozenset(s.lower() for f in vocab.FAMILIES for s in f.skills)
+    companies = frozenset(c.lower() for c in vocab.COMPANIES)
+    cities = frozenset(c.lower() for c in vocab.CITIES)
+    industries = frozenset(i.lower() for i in vocab.INDUSTRIES)
+    terms = sorted(skills | companies | cities | industries, key=lambda t: (-len(t), t))
+    pattern = re.compile(
+        r"(?<![\w-])(" + "|".join(re.escape(t) for t in terms) + r")(?![\w-])", re.IGNORECASE
+    )
+    return _Vocabulary(skills, companies, cities, industries, pattern)
+
+
+def mentions(text: str) -> list[tuple[int, str]]:
+    """(position, lowercase term) of every vocabulary term in ``text``."""
+    return [(m.start(), m.group(1).lower()) for m in vocabulary().pattern.finditer(text)]
+
+
+def _pair_text(member: Member, item: Item) -> str:
+    parts = [member.headline, member.location, *member.skills, *member.industries]
+    for activity in member.history:
+        parts += [activity.item_title, activity.company, activity.industry]
+    parts += [item.title, item.company, *item.required_skills, item.location, item.industry, item.description]
+    return "\n".join(p for p in parts if p)
+
+
+def _mask_titles(text: str, member: Member, item: Item) -> str:
+    titles = {item.title, member.headline, *(a.item_title for a in member.history)}
+    for title in sorted((t for t in titles if t), key=len, reverse=True):
+        text = re.sub(re.escape(title), lambda m: "#" * len(m.group(0)), text, flags=re.IGNORECASE)
+    return text
+
+
+def clauses(text: str) -> list[str]:
+    """The clauses a skill claim is read in (see the module docstring)."""
+    return [c for c in _CLAUSE_SPLIT.split(text) if c and c.strip()]
+
+
+def _claimed_and_named(text: str) -> tuple[set[str], set[str]]:
+    """(skills the text claims the member has, skills named outside a negated clause)."""
+    skills = vocabulary().skills
+    claimed: set[str] = set()
+    named: set[str] = set()
+    for clause in clauses(text):
+        lower = clause.lower()
+        found_all = mentions(lower)
+        for pos, term in found_all:  # cue words inside a term ("machine learning") are not cues
+            lower = lower[:pos] + "#" * len(term) + lower[pos + len(term) :]
+        if _NEGATION.search(lower):
+            continue
+        found = [(pos, term) for pos, term in found_all if term in skills]
+        named |= {term for _, term in found}
+        needs = [m.start() for m in _NEED.finditer(lower)]
+        first_need = needs[0] if needs else math.inf
+        sharing = _SHARING.search(lower) is not None and not needs
+        owners = [m.start() for m in _POSSESSION.finditer(lower)]
+        for pos, term in found:
+            if sharing or (owners and owners[0] < pos and pos < first_need):
+                claimed.add(term)
+    return claimed, named
+
+
+def parse_verdict(text: str) -> str | None:
+    """``Strong fit``, ``Partial fit`` or ``Weak fit``: the first one in the first sentence (None: none)."""
+    first = _FIRST_SENTENCE.match(text.strip())
+    found = _VERDICT.search(first.group(0) if first else "")
+    return None if found is None else f"{found.group(1).capitalize()} fit"
+
+
+@dataclass
+class GroundingCheck:
+    """What one explanation gets right and wrong about its pair."""
+
+    foreign_terms: list[str]  # vocabulary terms belonging to neither member nor item ("kind:term")
+    false_skill_claims: list[str]  # skills the text says the member has, and the member lacks
+    shared_skills: list[str]  # the pair's truly shared skills
+    named_shared_skills: list[str]  # those the text names
+    verdict: str | None  # the text's verdict
+    expected_verdict: str  # the facts' verdict
+    decision: bool | None = None  # the scoring student's decision (engage?), when given
+
+    @property
+    def hallucinated(self) -> bool:
+        return bool(self.foreign_terms or self.false_skill_claims)
+
+    @property
+    def covered(self) -> bool | None:
+        """Names a shared skill (None when the pair shares none)."""
+        return bool(self.named_shared_skills) if self.shared_skills else None
+
+    @property
+    def verdict_agrees(self) -> bool:
+        return self.verdict == self.expected_verdict
+
+    @property
+    def decision_agrees(self) -> bool | None:
+        """Verdict vs the scorer's decision (None: no decision given, or a ``Partial fit`` verdict)."""
+        if self.decision is None or self.verdict == "Partial fit":
+            return None
+        return self.verdict == ("Strong fit" if self.decision else "Weak fit")
+
+    def as_dict(self) -> dict:
+        return {
+            "foreign_terms": self.foreign_terms,
+            "false_skill_claims": self.false_skill_claims,
+            "named_shared_skills": self.named_shared_skills,
+            "verdict": self.verdict,
+            "expected_verdict": self.expected_verdict,
+            "decision": self.decision,
+        }
+
+
+def check_explanation(member: Member, item: Item, text: str, decision: bool | None = None) -> GroundingCheck:
+    """Check one explanation of ``(member, item)``; ``decision`` is the scoring student's (engage?)."""
+    vocabulary_ = vocabulary()
+    facts = pair_facts(member, item)
+    own = {term for _, term in mentions(_pair_text(member, item))}
+    foreign = sorted(
+        {
+            f"{vocabulary_.kinds(term)[0]}:{term}"
+            for _, term in mentions(text)
+            if term not in own and term not in PLAIN_WORDS
+        }
+    )
+    claimed, named = _claimed_and_named(_mask_titles(text, member, item))
+    owned = {s.lower() for s in member.skills}
+    industries = {
+        i.lower() for i in (item.industry, *member.industries, *(a.industry for a in member.history))
+    }
+    false_claims = sorted(claimed - owned - industries - PLAIN_WORDS)
+    shared = [s.lower() for s in facts.shared_skills]
+    return GroundingCheck(
+        foreign_terms=foreign,
+        false_skill_claims=false_claims,
+        shared_skills=shared,
+        named_shared_skills=[s for s in shared if s in named],
+        verdict=parse_verdict(text),
+        expected_verdict=verdict_of(facts),
+        decision=decision,
+    )
+
+
+def _rate(values: Iterable[bool | None]) -> tuple[float, int]:
+    counted = [v for v in values if v is not None]
+    return (sum(counted) / len(counted) if counted else float("nan")), len(counted)
+
+
+@dataclass
+class GroundingSummary:
+    """Rates over explanations of held-out pairs (NaN when nothing was counted)."""
+
+    pairs: int
+    hallucination_rate: float
+    coverage: float  # over the pairs that share a skill
+    coverage_pairs: int
+    verdict_agreement: float
+    decision_agreement: float  # over the pairs with a decision and a Strong/Weak or missing verdict
+    decision_pairs: int
+    verdicts: dict[str, int] = field(default_factory=dict)  # how often each verdict was written
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(checks: Sequence[GroundingCheck]) -> GroundingSummary:
+    """Aggregate rates of ``checks`` (see ``GroundingSummary``)."""
+    hallucination, _ = _rate(c.hallucinated for c in checks)
+    coverage, coverage_pairs = _rate(c.covered for c in checks)
+    verdict, _ = _rate(c.verdict_agrees for c in checks)
+    decision, decision_pairs = _rate(c.decision_agrees for c in checks)
+    verdicts = {v: sum(c.verdict == v for c in checks) for v in VERDICTS}
+    verdicts["none"] = sum(c.verdict is None for c in checks)
+    return GroundingSummary(
+        len(checks), hallucination, coverage, coverage_pairs, verdict, decision, decision_pairs, verdicts
+    )
+
+
+def evaluate_grounding(
+    pairs: Sequence[tuple[Member, Item]],
+    texts: Sequence[str],
+    decisions: Sequence[bool | None] | None = None,
+) -> tuple[GroundingSummary, list[GroundingCheck]]:
+    """Check every explanation of ``pairs`` and aggregate (``decisions``: the scorer's, per pair)."""
+    decisions = [None] * len(pairs) if decisions is None else list(decisions)
+    checks = [
+        check_explanation(member, item, text, decision)
+        for (member, item), text, decision in zip(pairs, texts, decisions, strict=True)
+    ]
+    return summarize(checks), checks

@@ -1,0 +1,233 @@
+"""The explanation writer (facts in, text that states only those facts) and the grounding evaluator on
+hand-written good and bad explanations."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slimserve.data import vocab
+from slimserve.data.explanations import (
+    VERDICTS,
+    explanation_rng,
+    general_instructions,
+    pair_facts,
+    verdict_for,
+    write_explanation,
+)
+from slimserve.data.synth import SynthConfig, synthesize
+from slimserve.evaluation.grounding import (
+    check_explanation,
+    evaluate_grounding,
+    mentions,
+    parse_verdict,
+    summarize,
+)
+from slimserve.schema import Activity, ActivityKind, Item, Member, Seniority
+
+MEMBER = Member(
+    id="m-1",
+    headline="Senior Backend Developer in software",
+    skills=("python", "sql", "docker", "aws"),
+    seniority=Seniority.SENIOR,
+    years_experience=8,
+    location="Berlin",
+    industries=("software",),
+    open_to_remote=False,
+    history=(Activity("Backend Developer", "Globex Corporation", "software", ActivityKind.ENGAGED),),
+)
+ITEM = Item(
+    id="job-1",
+    title="Software Engineer",
+    company="Globex Corporation",
+    required_skills=("python", "kubernetes", "sql"),
+    seniority=Seniority.SENIOR,
+    location="Berlin",
+    industry="software",
+    description="Global enterprise hiring a software engineer.",
+)
+
+
+def item(**changes) -> Item:
+    return Item(**{**ITEM.__dict__, **changes})
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    dataset, _ = synthesize(SynthConfig(members=120, items=80, seed=3))
+    return [(dataset.members[i.member_id], dataset.items[i.item_id]) for i in dataset.interactions[:600]]
+
+
+# The writer.
+
+
+def test_facts_of_a_pair():
+    facts = pair_facts(MEMBER, ITEM)
+    assert facts.shared_skills == ("python", "sql") and facts.missing_skills == ("kubernetes",)
+    assert facts.level_gap == 0 and facts.location_fit == "same city" and facts.industry_match
+    assert facts.activity_relation == "same company" and facts.activity.item_title == "Backend Developer"
+    assert pair_facts(MEMBER, item(seniority=Seniority.ENTRY)).level_gap == -2
+
+
+@pytest.mark.parametrize(
+    ("changes", "verdict"),
+    [
+        ({}, "Strong fit"),  # 2 of 3 skills (2 points) + level + location = 4
+        ({"location": "Paris"}, "Partial fit"),  # 3 points
+        ({"location": "Paris", "remote": True}, "Partial fit"),  # remote, but the member is not open to it
+        ({"required_skills": ("python", "sql", "aws")}, "Strong fit"),  # 5 points
+        ({"required_skills": ("python", "sql", "aws"), "location": "Paris"}, "Strong fit"),  # 3 + level
+        ({"required_skills": ("python", "figma", "seo")}, "Partial fit"),  # 1 + 1 + 1 = 3
+        ({"required_skills": ("python", "figma", "seo"), "location": "Paris"}, "Partial fit"),  # 2 points
+        (
+            {
+                "required_skills": ("python", "figma", "seo"),
+                "location": "Paris",
+                "seniority": Seniority.INTERN,
+            },
+            "Weak fit",  # 1 point
+        ),
+        ({"required_skills": ("figma", "seo", "crm")}, "Partial fit"),  # 0 + level + location = 2
+        ({"required_skills": ("figma", "seo", "crm"), "location": "Paris"}, "Weak fit"),  # 1 point
+        ({"required_skills": (), "location": "Paris"}, "Partial fit"),  # no skills listed: 1.5 + level
+    ],
+)
+def test_verdict_rule(changes, verdict):
+    assert verdict_for(MEMBER, item(**changes)) == verdict
+
+
+def test_explanation_states_the_facts_and_only_them():
+    text = write_explanation(MEMBER, ITEM, random.Random(0))
+    assert text.startswith("Strong fit")
+    for fact in ("python", "sql", "kubernetes", "Berlin", "software"):
+        assert fact in text.lower() or fact in text
+    named = {term for _, term in mentions(text)}
+    assert named <= {"python", "sql", "kubernetes", "berlin", "software", "globex corporation"}
+    check = check_explanation(MEMBER, ITEM, text)
+    assert not check.hallucinated and check.covered and check.verdict_agrees
+
+
+def test_written_explanations_are_grounded_on_the_synthetic_data(pairs):
+    summary, checks = evaluate_grounding(
+        pairs, [write_explanation(m, i, explanation_rng(0, m, i)) for m, i in pairs]
+    )
+    bad = [c.as_dict() for c in checks if c.hallucinated or c.covered is False or not c.verdict_agrees]
+    assert not bad
+    assert summary.hallucination_rate == 0 and summary.coverage == 1 and summary.verdict_agreement == 1
+    assert summary.coverage_pairs > 50 and all(summary.verdicts[v] > 0 for v in VERDICTS)
+
+
+def test_explanations_vary_in_wording_and_order(pairs):
+    member, item_ = pairs[0]
+    texts = {write_explanation(member, item_, random.Random(seed)) for seed in range(40)}
+    assert len(texts) >= 20
+    assert write_explanation(member, item_, explanation_rng(5, member, item_)) == write_explanation(
+        member, item_, explanation_rng(5, member, item_)
+    )
+    sentences = [t.split(". ") for t in texts]
+    assert len({s[0] for s in sentences}) >= 3  # verdict phrasings
+    assert len({s[2] for s in sentences}) >= 3  # the facts after verdict and skills come shuffled
+    # Across pairs: many distinct texts and sentence openings, no single template.
+    every = [write_explanation(m, i, explanation_rng(0, m, i)) for m, i in pairs[:200]]
+    openings = {" ".join(s.split()[:2]) for t in every for s in t.split(". ")[1:]}
+    assert len(set(every)) == len(every) and len(openings) >= 25
+
+
+def test_general_instructions_are_seeded_and_varied():
+    first = general_instructions(30, seed=1)
+    assert first == general_instructions(30, seed=1) and first != general_instructions(30, seed=2)
+    assert len(set(first)) >= 20 and all(text.strip() for text in first)
+
+
+# The evaluator on hand-written explanations (MEMBER x ITEM: shares python and sql, lacks kubernetes,
+# same level, same city, same industry: a Strong fit).
+
+GOOD = (
+    "Strong fit. You have python and sql, but you would need kubernetes. The senior level matches yours "
+    "and it is in Berlin, your city. Globex Corporation is in software, your industry."
+)
+
+
+def test_a_grounded_explanation_passes():
+    check = check_explanation(MEMBER, ITEM, GOOD, decision=True)
+    assert not check.hallucinated and check.covered and check.verdict == "Strong fit"
+    assert check.verdict_agrees and check.decision_agrees
+
+
+@pytest.mark.parametrize(
+    ("text", "foreign", "false_claims"),
+    [
+        ("Strong fit. You have python, sql and kubernetes.", [], ["kubernetes"]),  # claims a lacking skill
+        ("Strong fit. Shared skills: python and kubernetes.", [], ["kubernetes"]),
+        ("Strong fit. Your tableau and python experience fits.", ["skill:tableau"], ["tableau"]),
+        ("Strong fit. The team in Paris uses python.", ["city:paris"], []),
+        ("Strong fit. Initech Group would value your sql.", ["company:initech group"], []),
+        ("Strong fit. It is a great role in healthcare for you.", ["industry:healthcare"], []),
+    ],
+)
+def test_hallucinations_are_caught(text, foreign, false_claims):
+    check = check_explanation(MEMBER, ITEM, text)
+    assert check.hallucinated
+    assert check.foreign_terms == foreign and check.false_skill_claims == false_claims
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Strong fit. You lack kubernetes, but you have python.",  # a lacking skill named as lacking
+        "Strong fit. The job requires you to know kubernetes; you know python.",
+        "Strong fit. You would need to learn kubernetes. You already use sql.",
+        "Strong fit. You can go far here with python.",  # "go" as a plain word
+        "Strong fit. Your Backend Developer role at Globex Corporation shows your python.",
+    ],
+)
+def test_no_false_alarm_on_grounded_phrasings(text):
+    check = check_explanation(MEMBER, ITEM, text)
+    assert not check.hallucinated, check.as_dict()
+    assert check.covered
+
+
+def test_wrong_verdict_and_missing_coverage_are_caught():
+    wrong = check_explanation(MEMBER, ITEM, GOOD.replace("Strong fit", "Weak fit"), decision=True)
+    assert wrong.verdict == "Weak fit" and not wrong.verdict_agrees and wrong.decision_agrees is False
+    assert not wrong.hallucinated and wrong.covered
+    noise = check_explanation(
+        MEMBER, ITEM, "This job is a great fit for me, as I'm passionate about technology.", decision=False
+    )
+    assert noise.verdict is None and not noise.verdict_agrees and noise.covered is False
+    assert noise.decision_agrees is False and not noise.hallucinated
+    partial = check_explanation(MEMBER, ITEM, "Partial fit. You have python.", decision=True)
+    assert partial.decision_agrees is None and not partial.verdict_agrees
+    # No skill shared: coverage is not counted.
+    assert check_explanation(MEMBER, item(required_skills=("figma",)), "Weak fit.").covered is None
+
+
+def test_verdict_parsing():
+    assert parse_verdict("  strong FIT: you have python") == "Strong fit"
+    assert parse_verdict("This is a partial fit for you. Strong fit later.") == "Partial fit"
+    assert parse_verdict("Great match. Weak fit.") is None
+
+
+def test_rates_over_pairs():
+    other = item(id="job-2", required_skills=("figma", "seo", "crm"), location="Paris")  # Weak fit
+    pairs = [(MEMBER, ITEM), (MEMBER, ITEM), (MEMBER, other), (MEMBER, other)]
+    texts = [
+        GOOD,
+        "Weak fit. You have kubernetes.",  # wrong verdict, false claim, no shared skill named
+        "Weak fit. None of your skills match: it needs figma, seo and crm.",
+        "Partial fit. It is in Paris.",
+    ]
+    summary, _ = evaluate_grounding(pairs, texts, [True, True, False, None])
+    assert summary.pairs == 4 and summary.hallucination_rate == 0.25
+    assert summary.coverage == 0.5 and summary.coverage_pairs == 2
+    assert summary.verdict_agreement == 0.5
+    assert summary.decision_agreement == pytest.approx(2 / 3) and summary.decision_pairs == 3
+    assert summary.verdicts == {"Strong fit": 1, "Partial fit": 1, "Weak fit": 2, "none": 0}
+    assert summarize([]).pairs == 0
+
+
+def test_vocabulary_terms_are_found_longest_first():
+    found = [term for _, term in mentions("Social media and SQL at Red Cross Chapter in Lisbon (e-learning)")]
+    assert found == ["social media", "sql", "red cross chapter", "lisbon", "e-learning"]
+    assert {c.lower() for c in vocab.CITIES} <= {term for _, term in mentions(" ".join(vocab.CITIES))}
