@@ -9,10 +9,12 @@ import grpc
 import pytest
 
 from slimserve.serving import errors
+from slimserve.serving.admission import Overloaded
 from slimserve.serving.grpc_errors import RequestIdFilter, check_request_id, request_id_var, status_for
 
 TABLE = [
     (errors.InvalidArgument("candidates[3].id", "required"), grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.UndecodableRequest("ScoreRequest"), grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ResourceExhausted("queue full"), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable("triton down"), grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded("too slow"), grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -35,6 +37,16 @@ def test_serving_error_row(exc, code):
 def test_invalid_argument_message_names_field():
     _, message = status_for(errors.InvalidArgument("member.id", "required (empty)"))
     assert message == "member.id: required (empty)"
+
+
+def test_undecodable_body_names_the_message_type_only():
+    assert status_for(errors.UndecodableRequest("ScoreRequest"))[1] == "request is not a valid ScoreRequest"
+
+
+def test_overloaded_is_resource_exhausted_with_its_retry_hint():
+    exc = Overloaded("over capacity", retry_after_ms=120)
+    assert status_for(exc) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "over capacity")
+    assert exc.trailing_metadata() == (("grpc-retry-pushback-ms", "120"),)
 
 
 def test_cancellation_maps_to_cancelled():

@@ -385,3 +385,38 @@ async def test_reflection_and_metrics(generator_repository, triton):
     assert 'slimserve_grpc_requests_total{code="OK",method="ReasoningService/Explain"} 1.0' in text
     assert "slimserve_generation_time_to_first_token_seconds_count 1.0" in text
     assert re.search(r'slimserve_generation_tokens_total\{finish_reason="(length|stop)"\} [1-5]\.0', text)
+
+
+async def test_streams_beyond_the_admission_budget_are_refused_at_once(generator_repository, triton):
+    """Budget of 2 streams: with 2 long streams decoding, a third is RESOURCE_EXHAUSTED with a retry hint
+    (before its prompt is tokenized); once they are cancelled their slots in the budget come back."""
+    from slimserve.serving.admission import RETRY_PUSHBACK_METADATA
+
+    config = service_config(
+        generator_repository, triton.grpc_url, max_streams_in_flight=2, retry_pushback_ms=40
+    )
+    server = ReasoningServer(config)
+    await server.start()
+    try:
+        assert await server.core.watcher.wait_until_ready(timeout=30)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = reasoning_pb2_grpc.ReasoningServiceStub(channel)
+            running = [stub.Generate(generate_request(f"S{i}", sampled(seed=i)), timeout=30) for i in (1, 2)]
+            for call in running:
+                await call.read()  # both are decoding
+            third = stub.Generate(generate_request("one too many", sampled(8)), timeout=30)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await collect(third)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "2 of 2 streams in flight" in info.value.details()
+            assert dict(await third.trailing_metadata())[RETRY_PUSHBACK_METADATA] == "40"
+            for call in running:
+                call.cancel()
+            deadline = time.monotonic() + 10
+            while server.budget.in_flight:
+                assert time.monotonic() < deadline, "cancelled streams kept their admission"
+                await asyncio.sleep(0.05)
+            _, _, metadata = await collect(stub.Generate(generate_request("next", sampled(4)), timeout=30))
+            assert metadata.tokens_generated == 4
+    finally:
+        await server.stop(grace=1)

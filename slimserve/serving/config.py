@@ -1,7 +1,7 @@
 """Configuration of the gRPC services: the fields every service shares, and the scoring service's own.
 
 One pydantic model per service, every field described; ``GrpcServiceConfig`` holds what the shared
-server parts read (addresses, Triton, bundle location, deadlines, drain, logging).
+server parts read (addresses, TLS, tokens, Triton, bundle location, deadlines, drain, admission, logging).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..settings import ConfigError, Settings, add_config_flags, config_from_args, load_config
 
@@ -51,12 +51,66 @@ class GrpcServiceConfig(ServiceConfig):
     max_receive_message_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request message the server accepts (bytes)."
     )
+    retry_pushback_ms: int = Field(
+        100, ge=0, description="Retry hint (grpc-retry-pushback-ms) sent with a call refused for admission."
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="Server certificate chain (PEM); with tls_key_file the port speaks TLS only. "
+        "Both files are re-read when they change (on the next new connection).",
+    )
+    tls_key_file: Path | None = Field(None, description="Private key (PEM) of tls_cert_file.")
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="CA certificates (PEM) for client certificates; set, every client must present one "
+        "it signed (mTLS). Needs tls_cert_file.",
+    )
+    allow_plaintext: bool = Field(
+        False,
+        description="Serve plaintext on a host that is not loopback (e.g. behind a mesh that does mTLS); "
+        "without it such a bind is refused.",
+    )
+    auth_tokens: list[SecretStr] = Field(
+        default_factory=list,
+        description="Bearer tokens accepted (several: rotation), comma-separated in the environment; "
+        "prefer auth_tokens_file (flags show in ps). Empty with no file: no token needed.",
+    )
+    auth_tokens_file: Path | None = Field(
+        None,
+        description="File of accepted bearer tokens, one a line (# comments); re-read when it changes.",
+    )
+    metrics_require_token: bool = Field(
+        False, description="The metrics endpoint also asks for a bearer token (Authorization header)."
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
 
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @field_validator("auth_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        return value.replace(",", " ").split() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _tls_files_together(self) -> GrpcServiceConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+        if self.metrics_require_token and not (self.auth_tokens or self.auth_tokens_file):
+            raise ValueError("metrics_require_token needs auth_tokens or auth_tokens_file")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+    @property
+    def uses_tokens(self) -> bool:
+        return bool(self.auth_tokens) or self.auth_tokens_file is not None
 
     def resolved_bundle_dir(self) -> Path:
         """The bundle directory this config points at (``bundle_dir`` or the repository's version)."""
@@ -86,6 +140,21 @@ class ScoringServiceConfig(RecordLimitsConfig):
     model_name: str = Field("scorer", description="Name of the scoring model in the repository.")
     max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
     triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
+    max_candidates_in_flight: int | None = Field(
+        4000,
+        ge=1,
+        description="Admission budget: candidates of all Score calls in flight; a call that would pass it "
+        "gets RESOURCE_EXHAUSTED at once (before tokenizing). Unset = no limit; at least max_candidates.",
+    )
+
+    @model_validator(mode="after")
+    def _budget_holds_one_call(self) -> ScoringServiceConfig:
+        budget = self.max_candidates_in_flight
+        if budget is not None and budget < self.max_candidates:
+            raise ValueError(
+                f"max_candidates_in_flight ({budget}) must be at least max_candidates ({self.max_candidates})"
+            )
+        return self
 
 
 __all__ = [

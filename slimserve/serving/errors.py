@@ -29,6 +29,16 @@ class InvalidArgument(ServingError):
         self.field = field
 
 
+class UndecodableRequest(ServingError):
+    """The request body does not decode as the method's request message (named, e.g. ScoreRequest)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, message_type: str):
+        super().__init__(f"request is not a valid {message_type}")
+        self.message_type = message_type
+
+
 class ResourceExhausted(ServingError):
     """Triton's queue (or the service's own limit) is full: retry later, with backoff."""
 

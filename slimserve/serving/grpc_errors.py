@@ -6,6 +6,10 @@ cancellation is CANCELLED, anything else is INTERNAL with a generic message (tra
 request id (put in a contextvar that ``RequestIdFilter`` adds to log records), records metrics and
 aborts with the mapped status. A request id comes from the request's ``request_id`` field, else the
 ``x-request-id`` metadata, else a fresh uuid4 hex; it is sent back as ``x-request-id`` trailing metadata.
+
+Before the servicer runs, the interceptor also refuses a body that does not decode (INVALID_ARGUMENT
+naming the message type, where grpc alone would answer UNKNOWN with a Python class name) and takes the
+request's cost from the admission budget (``serving.admission``: RESOURCE_EXHAUSTED with a retry hint).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import inspect
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from .errors import InvalidArgument, ServingError
+from .admission import Admission, Cost, Overloaded, WorkBudget
+from .errors import InvalidArgument, ServingError, UndecodableRequest
 from .metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
@@ -72,13 +78,48 @@ def _metadata_request_id(details: grpc.HandlerCallDetails) -> str:
     return ""
 
 
-class _Call:
-    """Bookkeeping of one RPC: id, metrics, final status."""
+class _Undecodable:
+    """What the lenient deserializer returns for a body that is not a valid message."""
 
-    def __init__(self, metrics: ServingMetrics | None, method: str, metadata_id: str):
+    def __init__(self, message_type: str):
+        self.message_type = message_type
+
+
+def lenient_deserializer(deserializer: Callable | None) -> Callable | None:
+    """``deserializer`` returning an ``_Undecodable`` instead of raising (the call then fails
+    INVALID_ARGUMENT through the interceptor, not UNKNOWN inside grpc)."""
+    if deserializer is None:
+        return None
+    message_class = getattr(deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    message_type = descriptor.name if descriptor is not None else "request message"
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception:
+            return _Undecodable(message_type)
+
+    return deserialize
+
+
+class _Call:
+    """Bookkeeping of one RPC: id, metrics, admitted work, final status."""
+
+    def __init__(
+        self,
+        metrics: ServingMetrics | None,
+        method: str,
+        metadata_id: str,
+        budget: WorkBudget | None = None,
+        cost: Cost | None = None,
+    ):
         self.metrics = metrics
         self.method = method
         self.metadata_id = metadata_id
+        self.budget = budget if cost is not None else None
+        self.cost = cost
+        self.held: deque[int] = deque()  # admitted units, oldest request first
         self.start = time.perf_counter()
         self.code = grpc.StatusCode.OK
         self.token: contextvars.Token | None = None
@@ -92,6 +133,26 @@ class _Call:
             request_id_var.set(check_request_id(field_id, "request_id"))
         elif self.metadata_id:
             request_id_var.set(check_request_id(self.metadata_id, REQUEST_ID_METADATA))
+        if request is not None:
+            self.admit(request)
+
+    def admit(self, request: object) -> None:
+        """Refuse an undecodable body; take the request's cost from the budget (or raise Overloaded)."""
+        if isinstance(request, _Undecodable):
+            raise UndecodableRequest(request.message_type)
+        if self.budget is not None and self.cost is not None:
+            self.held.append(self.budget.acquire(self.cost(request)))
+
+    def answered(self) -> None:
+        """A streamed request got its answer: give back its units."""
+        if self.held and self.budget is not None:
+            self.budget.release(self.held.popleft())
+
+    async def requests(self, iterator: AsyncIterator) -> AsyncIterator:
+        """The request stream, each message checked and admitted as it is read."""
+        async for request in iterator:
+            self.admit(request)
+            yield request
 
     async def fail(self, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
         if isinstance(exc, grpc.aio.AbortError):  # the handler aborted itself
@@ -108,12 +169,17 @@ class _Call:
         self.code, message = status_for(exc)
         if self.code != grpc.StatusCode.INTERNAL:
             log.info("%s failed: %s %s", self.method, self.code.name, message)
-        await context.abort(self.code, message, trailing_metadata=self.trailer())
+        trailer = self.trailer()
+        if isinstance(exc, Overloaded):
+            trailer += exc.trailing_metadata()
+        await context.abort(self.code, message, trailing_metadata=trailer)
 
     def trailer(self) -> tuple[tuple[str, str], ...]:
         return ((REQUEST_ID_METADATA, request_id_var.get()),)
 
     def end(self) -> None:
+        while self.held:
+            self.answered()
         if self.metrics is not None and self.token is not None:
             elapsed = time.perf_counter() - self.start
             self.metrics.in_flight.labels(self.method).dec()
@@ -138,6 +204,8 @@ def _wrap_unary_response(behavior: Callable, call_factory: Callable[[], _Call], 
         call = call_factory()
         try:
             call.begin(None if streaming_request else request_or_iterator)
+            if streaming_request:
+                request_or_iterator = call.requests(request_or_iterator)
             response = await behavior(request_or_iterator, context)
             context.set_trailing_metadata(call.trailer())
             return response
@@ -157,7 +225,11 @@ def _wrap_stream_response(behavior: Callable, call_factory: Callable[[], _Call],
         call = call_factory()
         try:
             call.begin(None if streaming_request else request_or_iterator)
+            if streaming_request:
+                request_or_iterator = call.requests(request_or_iterator)
             async for response in behavior(request_or_iterator, context):
+                if streaming_request:
+                    call.answered()  # one answer per request, in order (ScoreStream)
                 yield response
             context.set_trailing_metadata(call.trailer())
         except BaseException as exc:
@@ -169,11 +241,18 @@ def _wrap_stream_response(behavior: Callable, call_factory: Callable[[], _Call],
 
 
 class ServingInterceptor(grpc.aio.ServerInterceptor):
-    """Request ids, metrics and error mapping for every method whose name starts with ``prefix``."""
+    """Request ids, metrics, error mapping, undecodable bodies and admission for every method whose name
+    starts with ``prefix``."""
 
-    def __init__(self, metrics: ServingMetrics | None = None, prefix: str = "/slimserve."):
+    def __init__(
+        self,
+        metrics: ServingMetrics | None = None,
+        prefix: str = "/slimserve.",
+        admission: Admission | None = None,
+    ):
         self._metrics = metrics
         self._prefix = prefix
+        self._admission = admission
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -181,12 +260,15 @@ class ServingInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method.rsplit(".", 1)[-1]  # e.g. ScoringService/Score
         metadata_id = _metadata_request_id(handler_call_details)
+        admission = self._admission
+        budget = admission.budget if admission is not None else None
+        cost = admission.cost_of(method) if admission is not None else None
 
         def call_factory() -> _Call:
-            return _Call(self._metrics, method, metadata_id)
+            return _Call(self._metrics, method, metadata_id, budget, cost)
 
         codec = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": lenient_deserializer(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:

@@ -6,9 +6,13 @@ servers in one process and a service's ``/metrics`` shows only its own series.
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CANDIDATE_BUCKETS = (1, 5, 10, 25, 50, 100, 200, 300, 500, 1000)
@@ -37,6 +41,16 @@ class ServingMetrics:
             "slimserve_grpc_requests_in_flight",
             "gRPC requests being handled now, by method.",
             ["method"],
+            registry=self.registry,
+        )
+        self.admission_in_flight = Gauge(
+            "slimserve_admission_in_flight",
+            "Units of admitted work not yet answered (candidates for scoring, streams for reasoning).",
+            registry=self.registry,
+        )
+        self.admission_limit = Gauge(
+            "slimserve_admission_limit",
+            "The admission budget (0: no limit); beyond it calls get RESOURCE_EXHAUSTED.",
             registry=self.registry,
         )
         self.triton_latency = Histogram(
@@ -86,11 +100,54 @@ class GenerationMetrics(ServingMetrics):
         )
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # scrapes are not worth a log line each
+        pass
+
+
+def token_protected(app: Callable, accepts: Callable[[str], bool]) -> Callable:
+    """A WSGI app answering 401 unless the request carries ``Authorization: Bearer <accepted token>``."""
+
+    def protected(environ, start_response):
+        from .security import bearer_token
+
+        token = bearer_token(environ.get("HTTP_AUTHORIZATION"))
+        if token is not None and accepts(token):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Type", "text/plain")])
+        return [b"bearer token required\n"]
+
+    return protected
+
+
+def _start_protected(
+    registry: CollectorRegistry, port: int, host: str, accepts: Callable[[str], bool]
+) -> tuple[WSGIServer, threading.Thread]:
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    httpd = make_server(
+        host, port, token_protected(make_wsgi_app(registry), accepts), Server, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return httpd, thread
+
+
 def start_metrics_server(
-    registry: CollectorRegistry, port: int, host: str = "0.0.0.0"
+    registry: CollectorRegistry,
+    port: int,
+    host: str = "0.0.0.0",
+    accepts_token: Callable[[str], bool] | None = None,
 ) -> tuple[int, Callable[[], None]]:
-    """Serve ``registry`` over HTTP on ``host:port`` (0 = a free port); return (bound port, stop)."""
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    """Serve ``registry`` over HTTP on ``host:port`` (0 = a free port); return (bound port, stop).
+
+    With ``accepts_token`` every scrape needs ``Authorization: Bearer <token>`` that it accepts.
+    """
+    if accepts_token is None:
+        httpd, thread = start_http_server(port, addr=host, registry=registry)
+    else:
+        httpd, thread = _start_protected(registry, port, host, accepts_token)
     bound = httpd.server_address[1]
 
     def stop() -> None:

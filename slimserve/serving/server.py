@@ -1,7 +1,9 @@
 """The gRPC server every service shares: assembly, start, graceful drain, and the process entry point.
 
-``ServiceServer`` wires a service core into a grpc.aio server with the serving interceptor, health
-(driven by the core's model watcher), reflection and a Prometheus endpoint. ``stop`` drains: health goes
+``ServiceServer`` wires a service core into a grpc.aio server with the serving interceptor (and, when
+tokens are configured, the token interceptor in front of it), health (driven by the core's model
+watcher), reflection and a Prometheus endpoint, all on one port: plaintext, TLS or mTLS
+(``serving.security``), with an admission budget per service (``serving.admission``). ``stop`` drains: health goes
 NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then the Triton client closes.
 ``ScoringServer`` is the scoring service; ``run_service`` runs one until SIGTERM or SIGINT.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import grpc
@@ -19,11 +22,20 @@ from grpc_reflection.v1alpha import reflection
 
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
 
+from . import admission
 from .config import GrpcServiceConfig, ScoringServiceConfig
 from .grpc_errors import RequestIdFilter, ServingInterceptor
 from .metrics import ScoringMetrics, ServingMetrics, start_metrics_server
 from .scoring.core import ScoringCore
 from .scoring.servicer import ScoringServicer
+from .security import (
+    ReloadingCertificates,
+    TokenInterceptor,
+    TokenSet,
+    check_plaintext_bind,
+    describe_transport,
+    server_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +63,10 @@ class ServiceServer:
     service_name: ClassVar[str] = ""  # the proto service, e.g. "ScoringService"
     service_descriptor: ClassVar[Any] = None  # the generated *_pb2 module's DESCRIPTOR
     metrics_class: ClassVar[type[ServingMetrics]] = ServingMetrics
+    # admission: the config field holding the budget, its unit, and each method's cost per request
+    budget_field: ClassVar[str] = ""
+    budget_unit: ClassVar[str] = ""
+    admission_costs: ClassVar[Mapping[str, admission.Cost]] = {}
 
     def __init__(self, config: GrpcServiceConfig, core: Any | None = None):
         self.config = config
@@ -58,6 +74,9 @@ class ServiceServer:
         self.core = core
         self.port: int | None = None
         self.metrics_port: int | None = None
+        self.budget: admission.WorkBudget | None = None
+        self.tokens: TokenSet | None = None
+        self.certificates: ReloadingCertificates | None = None
         self._server: grpc.aio.Server | None = None
         self._stop_metrics = None
         self._stopped = False
@@ -74,16 +93,46 @@ class ServiceServer:
     def full_service_name(self) -> str:
         return self.service_descriptor.services_by_name[self.service_name].full_name
 
+    def build_admission(self) -> admission.Admission | None:
+        """The admission budget from ``budget_field`` of the config (None: no limit)."""
+        limit = getattr(self.config, self.budget_field, None) if self.budget_field else None
+        self.metrics.admission_limit.set(limit or 0)
+        if limit is None:
+            return None
+        self.budget = admission.WorkBudget(limit, self.budget_unit, self.config.retry_pushback_ms)
+        self.metrics.admission_in_flight.set_function(lambda: self.budget.in_flight)
+        return admission.Admission(self.budget, self.admission_costs)
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """The token check (when tokens are configured) in front of the serving interceptor."""
+        serving = ServingInterceptor(self.metrics, admission=self.build_admission())
+        return [serving] if self.tokens is None else [TokenInterceptor(self.tokens), serving]
+
+    def bind(self, server: grpc.aio.Server) -> int:
+        """Add the gRPC port, TLS when configured (refusing plaintext off loopback unless allowed)."""
+        config = self.config
+        address = f"{config.host}:{config.port}"
+        if config.uses_tls:
+            credentials, self.certificates = server_credentials(config)
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+        if not port:
+            raise OSError(f"cannot bind gRPC server to {address}")
+        return port
+
     async def start(self) -> int:
         """Build the core (unless given), bind ``host:port`` and start serving; return the bound port."""
         config = self.config
+        check_plaintext_bind(config)
+        self.tokens = TokenSet.from_config(config)
         if self.core is None:
             self.core = self.build_core()
         elif self.core.metrics is None:
             self.core.metrics = self.metrics
         watcher = self.core.watcher
         server = grpc.aio.server(
-            interceptors=[ServingInterceptor(self.metrics)],
+            interceptors=self.interceptors(),
             options=server_options(config),
             maximum_concurrent_rpcs=config.max_concurrent_rpcs,
         )
@@ -95,24 +144,27 @@ class ServiceServer:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, server)
-        address = f"{config.host}:{config.port}"
-        port = server.add_insecure_port(address)
-        if not port:
-            raise OSError(f"cannot bind gRPC server to {address}")
+        port = self.bind(server)
         await watcher.start()  # NOT_SERVING before the first RPC can arrive
         await server.start()
         self._server, self.port = server, port
         if config.metrics_port >= 0:
+            accepts = self.tokens.accepts if self.tokens and config.metrics_require_token else None
             self.metrics_port, self._stop_metrics = start_metrics_server(
-                self.metrics.registry, config.metrics_port, config.metrics_host
+                self.metrics.registry, config.metrics_port, config.metrics_host, accepts
             )
         bundle = self.core.bundle
         metrics_where = f"{config.metrics_host}:{self.metrics_port}" if self._stop_metrics else "off"
+        tokens = f"{len(self.tokens)} bearer token(s)" if self.tokens else "no token"
+        budget = f"{self.budget.limit} {self.budget.unit}" if self.budget else "no limit"
         log.info(
-            "%s listening on %s:%d (metrics %s); model %r version %s at %s, bundle %s",
+            "%s listening on %s:%d, %s, %s, admission %s (metrics %s); model %r version %s at %s, bundle %s",
             self.full_service_name,
             config.host,
             port,
+            describe_transport(config),
+            tokens,
+            budget,
             metrics_where,
             bundle.model_name,
             bundle.model_version,
@@ -151,6 +203,12 @@ class ScoringServer(ServiceServer):
     service_name = "ScoringService"
     service_descriptor = scoring_pb2.DESCRIPTOR
     metrics_class = ScoringMetrics
+    budget_field = "max_candidates_in_flight"
+    budget_unit = "candidates"
+    admission_costs = {
+        "ScoringService/Score": admission.candidates,
+        "ScoringService/ScoreStream": admission.candidates,
+    }
 
     def build_core(self) -> ScoringCore:
         return ScoringCore.from_config(self.config, metrics=self.metrics)

@@ -35,6 +35,12 @@ class ReasoningServiceConfig(RecordLimitsConfig):
         "(never above it).",
     )
     max_prompt_chars: int = Field(8000, ge=1, description="Longest Generate prompt (characters).")
+    max_streams_in_flight: int | None = Field(
+        64,
+        ge=1,
+        description="Admission budget: Explain and Generate streams in flight (decoding or queued); one "
+        "more gets RESOURCE_EXHAUSTED at once (before tokenizing). Unset = no limit.",
+    )
     max_temperature: float = Field(2.0, gt=0, le=5.0, description="Highest sampling temperature allowed.")
     default_repetition_penalty: float = Field(
         1.15,

@@ -7,6 +7,7 @@ import grpc
 
 from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
 
+from .. import admission
 from ..metrics import GenerationMetrics
 from ..server import ServiceServer, run_service
 from .config import ReasoningServiceConfig
@@ -20,6 +21,9 @@ class ReasoningServer(ServiceServer):
     service_name = "ReasoningService"
     service_descriptor = reasoning_pb2.DESCRIPTOR
     metrics_class = GenerationMetrics
+    budget_field = "max_streams_in_flight"
+    budget_unit = "streams"
+    admission_costs = {"ReasoningService/Explain": admission.one, "ReasoningService/Generate": admission.one}
 
     def build_core(self) -> ReasoningCore:
         return ReasoningCore.from_config(self.config, metrics=self.metrics)
