@@ -235,6 +235,7 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generato
             raise StageError(f"scoring service not ready: {server.core.watcher.last_error}")
         target = f"{options.host}:{port}"
         print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
+        print("plaintext, no token: for this machine only (TLS, mTLS, tokens: docs/security.md)")  # noqa: T201
         if generator_dir is not None:
             reasoning = await _start_reasoning(options, triton_url, generator_dir)
         if options.sample:
