@@ -108,12 +108,20 @@ class ServiceServer:
         serving = ServingInterceptor(self.metrics, admission=self.build_admission())
         return [serving] if self.tokens is None else [TokenInterceptor(self.tokens), serving]
 
-    def bind(self, server: grpc.aio.Server) -> int:
-        """Add the gRPC port, TLS when configured (refusing plaintext off loopback unless allowed)."""
+    def check_security(self) -> grpc.ServerCredentials | None:
+        """Before anything is built: the plaintext rule, the tokens and the TLS files (None: plaintext)."""
+        check_plaintext_bind(self.config)
+        self.tokens = TokenSet.from_config(self.config)
+        if not self.config.uses_tls:
+            return None
+        credentials, self.certificates = server_credentials(self.config)
+        return credentials
+
+    def bind(self, server: grpc.aio.Server, credentials: grpc.ServerCredentials | None) -> int:
+        """Add the gRPC port: TLS with ``credentials``, else plaintext."""
         config = self.config
         address = f"{config.host}:{config.port}"
-        if config.uses_tls:
-            credentials, self.certificates = server_credentials(config)
+        if credentials is not None:
             port = server.add_secure_port(address, credentials)
         else:
             port = server.add_insecure_port(address)
@@ -124,8 +132,7 @@ class ServiceServer:
     async def start(self) -> int:
         """Build the core (unless given), bind ``host:port`` and start serving; return the bound port."""
         config = self.config
-        check_plaintext_bind(config)
-        self.tokens = TokenSet.from_config(config)
+        credentials = self.check_security()
         if self.core is None:
             self.core = self.build_core()
         elif self.core.metrics is None:
@@ -144,7 +151,7 @@ class ServiceServer:
             reflection.SERVICE_NAME,
         )
         reflection.enable_server_reflection(names, server)
-        port = self.bind(server)
+        port = self.bind(server, credentials)
         await watcher.start()  # NOT_SERVING before the first RPC can arrive
         await server.start()
         self._server, self.port = server, port
