@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slimserve.compression import osscar
-from slimserve.compression.calibration import input_grams
+from slimserve.compression.calibration import MultiItemCalibration, input_grams, layer_skip_importance
 from slimserve.compression.prune import PruneConfig, prune_model
 
 VOCAB = 256
@@ -237,3 +237,62 @@ def test_calibration_without_real_tokens_is_rejected(tiny):
     ids = torch.zeros(2, 8, dtype=torch.long)
     with pytest.raises(ValueError, match="calibration_batches"):
         prune_model(tiny, [(ids, torch.zeros_like(ids))], PruneConfig(mlp_keep=8))
+
+
+def _members(counts=(3, 1, 2), seed: int = 2):
+    """Multi-item calibration batch: members with prefixes of different lengths and ``counts`` items
+    each (items of different lengths), and each member's single sequences prefix + item."""
+    generator = torch.Generator().manual_seed(seed)
+    prefixes = [
+        torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in (21, 14, 9)[: len(counts)]
+    ]
+    items = [
+        [torch.randint(3, VOCAB, (int(n),), generator=generator).tolist() for n in (7, 4, 11)[:count]]
+        for count in counts
+    ]
+    from slimserve.tokenization import pad_multi_item
+
+    batch = MultiItemCalibration(*(torch.from_numpy(a) for a in pad_multi_item(prefixes, items)))
+    return batch, prefixes, items
+
+
+def _single(sequences):
+    from slimserve.compression.batches import pad_right
+
+    return [pad_right(sequences)]
+
+
+def test_multi_item_grams_count_each_prefix_once(tiny):
+    """Prefix activations do not depend on the item, so the multi-item Gram is the single-sequence Gram
+    of every prefix + item, less the prefix's share counted N - 1 extra times."""
+    batch, prefixes, items = _members()
+    layer = tiny.model.layers[2]
+    modules = {"down": layer.mlp.down_proj, "o": layer.self_attn.o_proj}
+    with torch.no_grad():
+        multi = input_grams(tiny, [batch], modules)
+        full = input_grams(
+            tiny, _single([p + i for p, group in zip(prefixes, items, strict=True) for i in group]), modules
+        )
+        prefix_only = input_grams(
+            tiny, _single([p for p, group in zip(prefixes, items, strict=True) for _ in group[1:]]), modules
+        )
+    for name in modules:  # float32 activations: differences of float32 rounding only
+        expected = full[name] - prefix_only[name]
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(multi[name], expected, rtol=0, atol=1e-5 * scale)
+
+
+def test_multi_item_layer_importance_equals_single_sequence_with_one_item_each(tiny):
+    batch, prefixes, items = _members(counts=(1, 1, 1))
+    sequences = [p + group[0] for p, group in zip(prefixes, items, strict=True)]
+    with torch.no_grad():
+        multi = layer_skip_importance(tiny, [batch])
+        single = layer_skip_importance(tiny, _single(sequences))
+    np.testing.assert_allclose(multi, single, rtol=1e-5)
+
+
+def test_prune_model_calibrates_on_multi_item_batches(tiny):
+    batches = [_members(seed=s)[0] for s in range(3)]
+    model, report = prune_model(tiny, batches, PruneConfig(mlp_keep=48, heads_per_kv_group=1, layers_keep=3))
+    assert (model.config.num_hidden_layers, model.config.intermediate_size) == (3, 48)
+    assert all(0 <= r.error <= r.magnitude_refit_error + 1e-9 for r in report.mlp)

@@ -1,4 +1,5 @@
-"""Training pieces: losses, the cached-bottom split scorer, and a trainer that resumes exactly."""
+"""Training pieces: losses, the cached-bottom split scorer (single-sequence and multi-item), member
+batches, and a trainer that resumes exactly."""
 
 from __future__ import annotations
 
@@ -8,9 +9,25 @@ import numpy as np
 import pytest
 import torch
 
-from slimserve.compression.batches import batch_indices, pad_right
+from slimserve.compression.batches import (
+    MemberGroup,
+    batch_indices,
+    encode_member_groups,
+    member_batches,
+    merge_groups,
+    multi_item_batch,
+    pad_right,
+)
 from slimserve.compression.losses import distill_loss, label_loss
-from slimserve.compression.split_scorer import HiddenCache, SplitScorer, graph_logits, top_logits
+from slimserve.compression.split_scorer import (
+    HiddenCache,
+    MemberHiddenCache,
+    SplitScorer,
+    graph_logits,
+    multi_item_logits,
+    top_logits,
+    top_logits_multi,
+)
 from slimserve.compression.trainer import TrainConfig, train
 from slimserve.export.pipeline import parity_prompts
 from slimserve.export.scorer_graph import ScorerGraph
@@ -64,6 +81,147 @@ def test_split_scorer_matches_the_full_graph(tiny_graph):
         np.testing.assert_allclose(cached, full, atol=1e-3)  # float16 cache
     with pytest.raises(ValueError, match="cut"):
         SplitScorer(graph, 7)
+
+
+def _member_groups(tokenizer, sizes=(4, 1, 6, 3, 2)):
+    """Examples of several members (sizes examples each, members interleaved), grouped and tokenized."""
+    from dataclasses import replace
+
+    from slimserve.bundle import PromptSplit
+    from slimserve.data.splits import Example
+    from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+    from slimserve.schema import Seniority
+
+    items = example_candidates(10)
+    members = [
+        replace(
+            EXAMPLE_MEMBER,
+            id=f"m{k}",
+            skills=EXAMPLE_MEMBER.skills[k:],
+            history=EXAMPLE_MEMBER.history[: k % 4],
+        )
+        for k in range(len(sizes))
+    ]
+    members[1] = replace(members[1], seniority=Seniority.ENTRY, headline="Nurse")
+    examples = [
+        Example(members[k], items[(k + j) % len(items)], (k + j) % 2)
+        for j in range(max(sizes))
+        for k in range(len(sizes))
+        if j < sizes[k]
+    ]
+    return examples, *encode_member_groups(examples, tokenizer, PromptSplit(192, 64))
+
+
+@pytest.fixture(scope="module")
+def tiny_groups():
+    loaded = load_teacher("tiny", seed=1)
+    tokenizer = PromptTokenizer(loaded.tokenizer_file, max_length=320)
+    graph = ScorerGraph(loaded.model, tokenizer.token_id(" Yes"), tokenizer.token_id(" No")).eval()
+    return graph, tokenizer, *_member_groups(tokenizer)
+
+
+def test_member_groups_hold_exactly_the_scoring_tokens(tiny_groups):
+    from slimserve.bundle import PromptSplit
+    from slimserve.scoring_tokens import encode_scoring
+
+    _, tokenizer, examples, groups, sequences = tiny_groups
+    assert sorted(np.concatenate([g.indices for g in groups]).tolist()) == list(range(len(examples)))
+    for group in groups:
+        member = examples[group.indices[0]].member
+        assert all(examples[i].member == member for i in group.indices)
+        assert list(group.indices) == sorted(group.indices)  # order kept inside a group
+        tokens = encode_scoring(
+            tokenizer, member, [examples[i].item for i in group.indices], PromptSplit(192, 64)
+        )
+        assert (group.prefix, group.items) == (tokens.prefix, tokens.items)
+        assert [sequences[i] for i in group.indices] == tokens.sequences()
+
+
+def test_member_batches_cover_every_example_once_per_epoch():
+    rng = np.random.default_rng(0)
+    sizes = [int(s) for s in rng.integers(1, 12, size=60)] + [40]  # one member above the batch size
+    groups = [
+        MemberGroup([1] * int(rng.integers(5, 30)), [[2] * int(rng.integers(3, 9))] * size, np.arange(size))
+        for size in sizes
+    ]
+    for epoch, shuffle in ((0, False), (0, True), (1, True)):
+        batches = member_batches(groups, 16, shuffle=shuffle, seed=epoch)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(groups)))
+        for batch in batches:
+            assert len(batch) == 1 or sum(sizes[g] for g in batch) <= 16
+    again = member_batches(groups, 16, shuffle=True, seed=1)
+    assert [b.tolist() for b in again] == [
+        b.tolist() for b in member_batches(groups, 16, shuffle=True, seed=1)
+    ]
+    assert [b.tolist() for b in again] != [
+        b.tolist() for b in member_batches(groups, 16, shuffle=True, seed=0)
+    ]
+
+
+def test_multi_item_batch_maps_outputs_back_to_examples(tiny_groups):
+    _, _, _, groups, sequences = tiny_groups
+    batch = multi_item_batch(groups, [2, 0, 1])
+    assert batch.indices.tolist() == [*groups[2].indices, *groups[0].indices, *groups[1].indices]
+    rows = batch.valid.nonzero().tolist()
+    for (member, item), index in zip(rows, batch.indices, strict=True):
+        prefix = batch.prefix_ids[member][batch.prefix_mask[member].bool()].tolist()
+        suffix = batch.item_ids[member, item][batch.item_mask[member, item].bool()].tolist()
+        assert prefix + suffix == sequences[index]
+
+
+def test_merged_groups_share_one_prefix(tiny_groups):
+    _, _, _, groups, _ = tiny_groups
+    shifted = [g.shifted(100) for g in groups[:2]]
+    merged = merge_groups(list(groups) + shifted)
+    assert len(merged) == len(groups)
+    assert merged[0].indices.tolist() == [*groups[0].indices, *(groups[0].indices + 100)]
+    assert merged[0].items == groups[0].items * 2
+
+
+def test_multi_item_logits_equal_the_single_sequence_graph(tiny_groups):
+    graph, _, _, groups, sequences = tiny_groups
+    full = graph_logits(graph, sequences, batch_size=4)
+    np.testing.assert_allclose(multi_item_logits(graph, groups, batch_size=5), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_multi_item_teacher_cache_and_top_layers_equal_the_single_sequence_graph(tiny_groups, cut):
+    graph, _, _, groups, sequences = tiny_groups
+    full = graph_logits(graph, sequences, batch_size=4)
+    split = SplitScorer(graph, cut)
+    exact = MemberHiddenCache(split, groups, batch_size=5, dtype=torch.float32)
+    assert len(exact) == len(sequences)
+    np.testing.assert_allclose(top_logits_multi(split, exact, batch_size=7), full, atol=1e-4)
+    half = MemberHiddenCache(split, groups, batch_size=3)  # the build's float16 cache
+    np.testing.assert_allclose(top_logits_multi(split, half, batch_size=4), full, atol=1e-3)
+
+
+def test_multi_item_gradients_equal_single_sequence_gradients(tiny_groups):
+    graph, _, examples, groups, sequences = tiny_groups
+    from slimserve.models.multi_item import MultiItemScorer
+
+    labels = torch.tensor([e.label for e in examples])
+    teacher = torch.randn(len(examples), 2, generator=torch.Generator().manual_seed(0))
+    batch = multi_item_batch(groups, range(len(groups)))
+    index = torch.from_numpy(batch.indices)
+    parameters = [p for name, p in graph.named_parameters() if "layers" in name]
+
+    def gradients(loss):
+        return torch.autograd.grad(loss, parameters)
+
+    for p in parameters:
+        p.requires_grad_(True)
+    try:
+        multi = MultiItemScorer(graph).label_logits(*batch.tensors())[batch.valid]
+        multi_grads = gradients(distill_loss(multi, teacher[index], 2.0, labels[index], 0.3))
+        ids, mask = pad_right([sequences[i] for i in batch.indices])
+        single = graph.label_logits(ids, mask)
+        single_grads = gradients(distill_loss(single, teacher[index], 2.0, labels[index], 0.3))
+    finally:
+        for p in parameters:
+            p.requires_grad_(False)
+    for a, b in zip(multi_grads, single_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def _fit(parameter: torch.nn.Parameter, config: TrainConfig, checkpoint=None, fail_at: int | None = None):

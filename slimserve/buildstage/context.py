@@ -1,14 +1,15 @@
-"""The data every model stage shares: examples per split, their token sequences, labels and members."""
+"""The data every model stage shares: examples per split, their tokens (member groups and single
+sequences), labels and members."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..compression.batches import encode_examples
+from ..compression.batches import MemberGroup, encode_member_groups
 from ..tokenization import PromptTokenizer
 from .recipe import Recipe
 
@@ -19,7 +20,12 @@ SPLITS = ("train", "validation", "test", "pool")
 
 @dataclass
 class BuildData:
-    """Examples, sequences, labels (-1 in the pool) and member ids per split."""
+    """Examples, tokens, labels (-1 in the pool) and member ids per split.
+
+    ``groups``: each split's examples grouped by member (member prefix tokens, item suffix tokens, the
+    examples' indices), what multi-item scoring runs; ``sequences``: every example's single sequence
+    ``prefix + item`` (the same tokens, for the single-sequence graph, the export and INT8).
+    """
 
     tokenizer: PromptTokenizer
     examples: dict[str, list]
@@ -27,10 +33,21 @@ class BuildData:
     labels: dict[str, np.ndarray]
     member_ids: dict[str, list[str]]
     bayes_optimal_auc: float | None
+    groups: dict[str, list[MemberGroup]] = field(default_factory=dict)
 
     def calibration(self, count: int) -> list[list[int]]:
         """The first ``count`` training prompts (real prompts for pruning and INT8 calibration)."""
         return self.sequences["train"][:count]
+
+    def calibration_groups(self, count: int) -> list[MemberGroup]:
+        """The same ``count`` training examples as ``calibration``, as member groups."""
+        chosen = []
+        for group in self.groups["train"]:
+            keep = group.indices < count
+            if keep.any():
+                items = [item for item, k in zip(group.items, keep, strict=True) if k]
+                chosen.append(MemberGroup(group.prefix, items, group.indices[keep]))
+        return chosen
 
 
 def prepare_data(recipe: Recipe, dataset_dir: Path, tokenizer_file: Path) -> BuildData:
@@ -49,15 +66,18 @@ def prepare_data(recipe: Recipe, dataset_dir: Path, tokenizer_file: Path) -> Bui
     }
     tokenizer = PromptTokenizer(tokenizer_file, max_length=max(recipe.publish.length_buckets))
     examples = {name: splits.by_name(name)[: caps[name]] for name in SPLITS}
-    sequences = {name: encode_examples(items, tokenizer) for name, items in examples.items()}
+    split = recipe.publish.prompt_split()
+    encoded = {name: encode_member_groups(items, tokenizer, split) for name, items in examples.items()}
+    groups = {name: value[0] for name, value in encoded.items()}
+    sequences = {name: value[1] for name, value in encoded.items()}
     labels = {
         name: np.array([-1 if e.label is None else e.label for e in items], dtype=np.int64)
         for name, items in examples.items()
     }
     member_ids = {name: [e.member_id for e in items] for name, items in examples.items()}
     bayes = _bayes_optimal_auc(dataset_dir, examples["test"], labels["test"])
-    log.info("data: %s", ", ".join(f"{n} {len(examples[n])}" for n in SPLITS))
-    return BuildData(tokenizer, examples, sequences, labels, member_ids, bayes)
+    log.info("data: %s", ", ".join(f"{n} {len(examples[n])} ({len(groups[n])} members)" for n in SPLITS))
+    return BuildData(tokenizer, examples, sequences, labels, member_ids, bayes, groups)
 
 
 def _bayes_optimal_auc(dataset_dir: Path, examples: list, labels: np.ndarray) -> float | None:

@@ -1,4 +1,8 @@
-"""The model stages of a build. Each reads the previous stage's output and writes its own directory."""
+"""The model stages of a build. Each reads the previous stage's output and writes its own directory.
+
+Every pass over examples (the teacher's cache, fine-tune and soft labels, distillation, pruning
+calibration, re-distillation, evaluation) runs multi-item: a member's examples share one prefix pass.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +54,9 @@ def label_ids(data: BuildData) -> tuple[int, int]:
 
 
 def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
-    """Cache the frozen layers once, evaluate, fine-tune the top layers, evaluate, soft-label."""
-    from ..compression.split_scorer import HiddenCache
+    """Cache the frozen layers once (per member: its prefix once, each item), evaluate, fine-tune the
+    top layers, evaluate, soft-label."""
+    from ..compression.split_scorer import MemberHiddenCache
 
     settings = recipe.teacher
     graph = ScorerGraph(loaded_model, *label_ids(data)).eval()
@@ -60,7 +65,7 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     for name in ("train", "validation", "test", "pool"):
         if data.sequences[name]:
             with progress_bar(len(data.sequences[name]), f"teacher layers 1-{split.cut}, {name}") as bar:
-                caches[name] = HiddenCache(split, data.sequences[name], progress=bar.update)
+                caches[name] = MemberHiddenCache(split, data.groups[name], progress=bar.update)
     base = cached_logits(split, {"test": caches["test"]})["test"]
     rows = [evaluate("teacher", base, data, None, loaded_model)]
     if settings.finetune:
@@ -79,32 +84,40 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
 def _distill_on(
     student_lm, data: BuildData, teacher_dir: Path, settings, out: Path, desc: str
 ) -> ScorerGraph:
+    from ..compression.batches import merge_groups
+
     graph = ScorerGraph(student_lm, *label_ids(data)).eval()
-    sequences = list(data.sequences["train"])
+    groups = list(data.groups["train"])
     teacher = artifacts.load_array(teacher_dir, "logits_train")
     labels = data.labels["train"]
     if settings.use_pool and data.sequences["pool"]:
-        sequences += data.sequences["pool"]
+        offset = len(data.sequences["train"])
+        groups += [group.shifted(offset) for group in data.groups["pool"]]
         teacher = np.concatenate([teacher, artifacts.load_array(teacher_dir, "logits_pool")])
         labels = np.concatenate([labels, data.labels["pool"]])
-    report = distill(graph, sequences, teacher, labels, settings, out / "checkpoint.pt", desc)
+    # A train member's pool pairs join its labelled examples: one prefix pass for both.
+    groups = merge_groups(groups)
+    report = distill(graph, groups, teacher, labels, settings, out / "checkpoint.pt", desc)
     log.info("%s: %s", desc, report.as_dict())
     return graph
 
 
 def _test_logits(graph: ScorerGraph, data: BuildData) -> np.ndarray:
-    from ..compression.split_scorer import graph_logits
+    from ..compression.split_scorer import multi_item_logits
 
     with progress_bar(len(data.sequences["test"]), "evaluate on test") as bar:
-        return graph_logits(graph, data.sequences["test"], progress=bar.update)
+        return multi_item_logits(graph, data.groups["test"], progress=bar.update)
 
 
 def _prune(model, data: BuildData, recipe: Recipe, **sizes):
-    from ..compression.batches import pad_right
+    """Prune on the calibration examples run multi-item (prefix and item tokens both calibrate)."""
+    from ..compression.batches import multi_item_batch, pack_groups
+    from ..compression.calibration import MultiItemCalibration
     from ..compression.prune import PruneConfig, prune_model
 
-    calibration = data.calibration(recipe.data.calibration_examples)
-    batches = [pad_right(calibration[i : i + 8]) for i in range(0, len(calibration), 8)]
+    groups = data.calibration_groups(recipe.data.calibration_examples)
+    packed = pack_groups([len(g) for g in groups], range(len(groups)), 8)
+    batches = [MultiItemCalibration(*multi_item_batch(groups, chosen).tensors()) for chosen in packed]
     pruned, report = prune_model(model, batches, PruneConfig(**sizes))
     return pruned, report
 

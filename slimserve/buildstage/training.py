@@ -1,4 +1,8 @@
-"""The two trainings of the build: the teacher's yes/no fine-tuning and the student's distillation."""
+"""The two trainings of the build: the teacher's yes/no fine-tuning and the student's distillation.
+
+Both run members' examples as multi-item batches (``member_batches``): one member prefix and that
+member's item suffixes per row, the prefix computed once, gradients through it.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..compression.batches import batch_indices, iterate_padded
+from ..compression.batches import MemberGroup, member_batches, multi_item_batch
 from ..compression.losses import distill_loss, label_loss
-from ..compression.split_scorer import HiddenCache, SplitScorer, top_logits
+from ..compression.split_scorer import MemberHiddenCache, SplitScorer, top_logits_multi
 from ..compression.trainer import TrainConfig, TrainReport, train
 from ..evaluation.metrics import auc
 from ..export.scorer_graph import ScorerGraph
+from ..models.multi_item import MultiItemScorer
 from .recipe import DistillSettings
 
 log = logging.getLogger(__name__)
@@ -21,27 +26,28 @@ log = logging.getLogger(__name__)
 
 def finetune_top_layers(
     split: SplitScorer,
-    cache: HiddenCache,
+    cache: MemberHiddenCache,
     labels: np.ndarray,
     config: TrainConfig,
     checkpoint: Path,
-    validation: tuple[HiddenCache, np.ndarray] | None = None,
+    validation: tuple[MemberHiddenCache, np.ndarray] | None = None,
 ) -> TrainReport:
-    """Fit the top layers on cached bottom states with the label loss on the two label logits.
+    """Fit the top layers on cached bottom states (per member) with the label loss on the two label
+    logits; batches are whole members, about ``config.batch_size`` examples each.
 
     With ``validation`` (a cache and its labels), the weights of the epoch with the best validation AUC
     are kept.
     """
     split.freeze_bottom()
     targets = torch.from_numpy(labels)
-    lengths = cache.lengths()
 
     def plan(epoch: int) -> list[np.ndarray]:
-        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+        return member_batches(cache.groups, config.batch_size, shuffle=True, seed=config.seed + epoch)
 
-    def loss_fn(indices: np.ndarray) -> torch.Tensor:
-        hidden, mask = cache.batch(indices)
-        return label_loss(split.top_label_logits(hidden, mask), targets[indices])
+    def loss_fn(chosen: np.ndarray) -> torch.Tensor:
+        indices, prefix_h, prefix_mask, item_h, item_mask, valid = cache.batch(chosen)
+        logits = split.top_label_logits_multi(prefix_h, prefix_mask, item_h, item_mask)[valid]
+        return label_loss(logits, targets[indices])
 
     split.graph.train()
     try:
@@ -58,9 +64,9 @@ def finetune_top_layers(
         split.graph.eval()
 
 
-def _validation_auc(split: SplitScorer, cache: HiddenCache, labels: np.ndarray):
+def _validation_auc(split: SplitScorer, cache: MemberHiddenCache, labels: np.ndarray):
     def score() -> float:
-        logits = top_logits(split, cache)
+        logits = top_logits_multi(split, cache)
         return auc(labels, logits[:, 0] - logits[:, 1])
 
     return score
@@ -72,25 +78,26 @@ def teacher_split(graph: ScorerGraph, train_top_layers: int) -> SplitScorer:
     return SplitScorer(graph, max(0, layers - train_top_layers))
 
 
-def cached_logits(split: SplitScorer, caches: dict[str, HiddenCache]) -> dict[str, np.ndarray]:
+def cached_logits(split: SplitScorer, caches: dict[str, MemberHiddenCache]) -> dict[str, np.ndarray]:
     """(yes, no) logits of every cached split through the (current) top layers."""
-    return {name: top_logits(split, cache) for name, cache in caches.items()}
+    return {name: top_logits_multi(split, cache) for name, cache in caches.items()}
 
 
 def distill(
     student: ScorerGraph,
-    sequences: list[list[int]],
+    groups: list[MemberGroup],
     teacher_logits: np.ndarray,
     labels: np.ndarray,
     settings: DistillSettings,
     checkpoint: Path,
     desc: str,
 ) -> TrainReport:
-    """Train the whole student on the teacher's 2-way distribution (and labels where known)."""
+    """Train the whole student on the teacher's 2-way distribution (and labels where known), multi-item
+    over member ``groups`` (whose indices address ``teacher_logits`` and ``labels``)."""
     config = settings.train
     teacher = torch.from_numpy(teacher_logits)
     targets = torch.from_numpy(labels)
-    lengths = [len(s) for s in sequences]
+    scorer = MultiItemScorer(student)
     for parameter in student.parameters():
         parameter.requires_grad_(True)
     # Embeddings stay frozen: with tied weights they hold the LM head's label rows, which must keep
@@ -99,11 +106,12 @@ def distill(
     student.label_head.requires_grad_(False)
 
     def plan(epoch: int) -> list[np.ndarray]:
-        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+        return member_batches(groups, config.batch_size, shuffle=True, seed=config.seed + epoch)
 
-    def loss_fn(indices: np.ndarray) -> torch.Tensor:
-        [(_, ids, mask)] = list(iterate_padded(sequences, [indices]))
-        logits = student.label_logits(ids, mask)
+    def loss_fn(chosen: np.ndarray) -> torch.Tensor:
+        batch = multi_item_batch(groups, chosen)
+        logits = scorer.label_logits(*batch.tensors())[batch.valid]
+        indices = torch.from_numpy(batch.indices)
         return distill_loss(
             logits, teacher[indices], settings.temperature, targets[indices], settings.label_weight
         )
