@@ -1,8 +1,10 @@
-"""The generator student of ``slimserve build`` on the tiny recipe: teacher text, pruning, distillation (a) then
-(b), held-out KL/loss, resume, gates, and publishing after the scorer."""
+"""The generator student of ``slimserve build`` on the tiny recipe: grounded teacher fine-tune, teacher text,
+pruning, distillation (a) then (b), held-out KL/loss and grounding, resume, gates, and publishing after the
+scorer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,9 +14,11 @@ import torch
 from slimserve.buildstage import artifacts
 from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
+    active_stages,
     check_gates,
     final_model_dir,
     run_generator,
+    scorer_decisions,
     stage_config,
     standalone_context,
 )
@@ -32,7 +36,8 @@ from slimserve.evaluation.generator_report import GeneratorRow
 from slimserve.export.teacher import load_teacher
 
 EXPECTED = [
-    "generator teacher",
+    "generator teacher (zero-shot)",
+    "generator teacher (fine-tuned)",
     "generator pruned (osscar)",
     "generator (a) off-policy",
     "generator (a)+(b) on-policy",
@@ -60,12 +65,14 @@ def built(tmp_path_factory):
 def test_every_generator_stage_runs_and_is_measured(built):
     recipe, ctx, rows, seconds = built
     assert [r.stage for r in rows] == EXPECTED and set(seconds) == set(GENERATOR_STAGES)
-    teacher, _, offpolicy, onpolicy = rows
+    zero_shot, teacher, _, offpolicy, onpolicy = rows
     assert teacher.kl_teacher_text == 0 and teacher.top1_agreement == 1 and teacher.kl_own_samples == 0
-    for row in rows:
+    assert math.isnan(zero_shot.kl_teacher_text) and zero_shot.decode_tokens_per_s > 0
+    assert zero_shot.parameters == teacher.parameters and zero_shot.notes["finetune"]["steps"] > 0
+    for row in rows[1:]:
         assert math.isfinite(row.loss_teacher_text) and row.loss_teacher_text > 0
         assert row.kl_teacher_text >= 0 and 0 <= row.top1_agreement <= 1 and row.decode_tokens_per_s > 0
-    for row in rows[1:]:
+    for row in rows[2:]:
         assert row.kl_teacher_text > 0 and row.kl_own_samples > 0 and row.own_sample_tokens > 0
         assert 0 < row.non_embedding_parameters < teacher.non_embedding_parameters
     assert offpolicy.notes["train"]["steps"] > 0 and onpolicy.notes["onpolicy"]["batches"] > 0
@@ -158,12 +165,12 @@ def test_resume_skips_finished_generator_stages(built, caplog):
         again = run_generator(ctx, seconds)
     assert set(seconds) == {"gen_onpolicy"}
     skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
-    assert skipped == {"gen_teacher", "gen_prune", "gen_offpolicy"}
-    assert [r.as_dict() for r in again[:3]] == [r.as_dict() for r in first[:3]]
+    assert skipped == {"gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy"}
+    assert [r.as_dict() for r in again[:4]] == [r.as_dict() for r in first[:4]]
     # A changed setting invalidates its stage and those after it, not those before.
     changed = recipe.generator.onpolicy.model_copy(update={"temperature": 0.5})
     other = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"onpolicy": changed})})
-    assert [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES] == [True] * 3 + [
+    assert [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES] == [True] * 4 + [
         False
     ]
 
@@ -206,3 +213,91 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     assert version == recipe.publish.model_repository / "generator" / "1"
     bundle = load_generation_bundle(version / "bundle")
     assert "generator student" in bundle.source_model and list(bundle.eos_token_ids) == ctx.end_ids
+
+
+def test_teacher_is_fine_tuned_on_written_explanations_and_its_own_answers(built):
+    recipe, ctx, _, _ = built
+    settings = recipe.generator.finetune
+    work = recipe.resolved_work_dir()
+    records = json.loads((work / "gen_finetune" / "finetune_set.json").read_text())
+    explanations = [r for r in records if r["kind"] == "explanation"]
+    instructions = [r for r in records if r["kind"] == "instruction"]
+    assert len(explanations) == settings.examples and len(instructions) == settings.general_examples > 0
+    assert all(r["text"].startswith(("Strong fit", "Partial fit", "Weak fit")) for r in explanations)
+    # The fine-tuned teacher is the teacher of every later stage: saved, and loaded into the context.
+    tuned = artifacts.load_causal_lm(work / "gen_finetune" / "model")
+    original = standalone_context(recipe).teacher
+    key = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(tuned.state_dict()[key], ctx.teacher.state_dict()[key].cpu())
+    assert not torch.equal(tuned.state_dict()[key], original.state_dict()[key].cpu())
+
+
+def test_every_model_is_evaluated_for_grounding(built):
+    recipe, _, rows, _ = built
+    pairs = recipe.generator.evaluation.grounding_prompts
+    for row in rows:
+        assert row.grounding_pairs == pairs, row.stage
+        assert 0 <= row.hallucination_rate <= 1 and 0 <= row.verdict_agreement <= 1
+        assert row.notes["grounding"]["decision_source"] is None  # no scorer in this work directory
+        assert math.isnan(row.decision_agreement)
+    checks = json.loads((recipe.resolved_work_dir() / "gen_onpolicy" / "grounding.json").read_text())
+    assert len(checks["generator (a)+(b) on-policy"]) == pairs
+    assert {"text", "verdict", "expected_verdict", "foreign_terms"} <= set(
+        checks["generator (a)+(b) on-policy"][0]
+    )
+    from slimserve.evaluation.generator_report import generator_table
+
+    table = generator_table(rows)
+    assert "| hallucination | coverage | verdict = facts | verdict = scorer |" in table
+    assert "| generator teacher (zero-shot) | - | - | - |" in table
+
+
+def test_scorer_decisions_come_from_the_scoring_students_test_logits(built, tmp_path):
+    _, ctx, _, _ = built
+    other = dataclasses.replace(ctx, work=tmp_path)
+    examples = other.grounding_examples()
+    assert scorer_decisions(other, examples)[0] is None
+    test = ctx.data.examples["test"]
+    margins = torch.linspace(-1, 1, len(test)).numpy()
+    logits = torch.stack([torch.from_numpy(margins), torch.zeros(len(test), dtype=torch.float64)], 1).numpy()
+    (tmp_path / "redistill").mkdir()
+    artifacts.save_arrays(tmp_path / "redistill", logits_test=logits)
+    decisions, source = scorer_decisions(other, examples)
+    index = {(e.member_id, e.item_id): i for i, e in enumerate(test)}
+    assert decisions == [bool(margins[index[(e.member_id, e.item_id)]] > 0) for e in examples]
+    assert "redistill" in source
+
+
+def test_grounding_gates_fail_the_build(built):
+    recipe, _, rows, _ = built
+    final = rows[-1]
+    gates = recipe.generator.gates
+    for field, value, gate in (
+        ("hallucination_rate", 0.5, {"max_hallucination_rate": 0.05}),
+        ("coverage", 0.5, {"min_coverage": 0.85}),
+        ("verdict_agreement", 0.5, {"min_verdict_agreement": 0.85}),
+        ("decision_agreement", 0.5, {"min_decision_agreement": 0.85}),
+    ):
+        bad = GeneratorRow.from_dict({**final.as_dict(), field: value})
+        settings = recipe.generator.model_copy(update={"gates": gates.model_copy(update=gate)})
+        with pytest.raises(BuildError, match=rf"generator\.gates\.{next(iter(gate))}.*nothing was published"):
+            check_gates(settings, [*rows[:-1], bad])
+        good = GeneratorRow.from_dict({**final.as_dict(), field: 0.04 if "hallucination" in field else 0.9})
+        check_gates(settings, [*rows[:-1], good])
+
+
+def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
+    recipe = tiny_recipe(tmp_path)
+    off = recipe.generator.finetune.model_copy(update={"enabled": False, "examples": 7})
+    off_recipe = recipe.model_copy(
+        update={"generator": recipe.generator.model_copy(update={"finetune": off})}
+    )
+    assert active_stages(off_recipe.generator) == GENERATOR_STAGES[1:]
+    assert active_stages(recipe.generator) == GENERATOR_STAGES
+    # Disabled, its other settings do not matter; enabled, they invalidate every stage.
+    quiet = off.model_copy(update={"examples": 8})
+    other = off_recipe.model_copy(
+        update={"generator": off_recipe.generator.model_copy(update={"finetune": quiet})}
+    )
+    assert all(stage_config(other, s) == stage_config(off_recipe, s) for s in GENERATOR_STAGES)
+    assert all(stage_config(recipe, s) != stage_config(off_recipe, s) for s in GENERATOR_STAGES)

@@ -13,6 +13,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TeacherFinetuneSettings(_Strict):
+    """The grounded fine-tune of the generator teacher, before its text is written and distilled: answers
+    to explanation prompts written from each pair's facts (``data.explanations``), optionally mixed with
+    free instructions answered by the teacher itself before the fine-tune."""
+
+    enabled: bool = Field(True, description="Fine-tune the teacher (false: distill the teacher as loaded)")
+    examples: int = Field(256, ge=1, description="Train-split pairs with a written explanation")
+    general_share: float = Field(
+        0.15,
+        ge=0,
+        lt=1,
+        description="Share of the fine-tune set that is free instructions the teacher answers itself (greedy, "
+        "before the fine-tune), to keep free Generate prompts working; 0: explanations only",
+    )
+    general_max_new_tokens: int = Field(96, ge=1, description="Length limit of those answers")
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=2, batch_size=8))
+    seed: int = Field(
+        0, description="Seed of the pairs' choice, the explanations' wording and the instructions"
+    )
+
+    @property
+    def general_examples(self) -> int:
+        """Free instructions in the set: ``general_share`` of the whole, beside ``examples`` explanations."""
+        return round(self.examples * self.general_share / (1 - self.general_share))
+
+
 class TeacherTextSettings(_Strict):
     """The teacher's text for explanation prompts: generated once, batched, cached in the build."""
 
@@ -67,6 +93,12 @@ class GeneratorEvalSettings(_Strict):
     max_new_tokens: int = Field(96, ge=1, description="Length limit of those samples")
     batch_size: int = Field(4, ge=1, description="Sequences per teacher-forced evaluation batch")
     speed_tokens: int = Field(32, ge=0, description="Tokens of the greedy decode-speed measurement (0: off)")
+    grounding_prompts: int = Field(
+        32,
+        ge=0,
+        description="Test-split pairs each model explains (greedy, max_new_tokens) for the grounding "
+        "evaluation: hallucination, coverage, verdict agreement (0: off)",
+    )
 
 
 class GeneratorGates(_Strict):
@@ -79,6 +111,29 @@ class GeneratorGates(_Strict):
     )
     min_top1_agreement: float | None = Field(
         None, ge=0, le=1, description="Minimum top-1 agreement with the teacher on its held-out text"
+    )
+    max_hallucination_rate: float | None = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Largest share of the final student's held-out explanations that name a skill, company, "
+        "city or industry of neither the member nor the item, or claim a skill the member lacks",
+    )
+    min_coverage: float | None = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="Smallest share of its explanations naming a truly shared skill (pairs that share one)",
+    )
+    min_verdict_agreement: float | None = Field(
+        0.85, ge=0, le=1, description="Smallest share of its explanations whose verdict matches the facts"
+    )
+    min_decision_agreement: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Smallest share of its Strong/Weak verdicts agreeing with the scoring student's decision "
+        "(needs the scorer's stages in the same work directory)",
     )
 
 
@@ -102,7 +157,8 @@ class GeneratorPublishSettings(_Strict):
 
 
 class GeneratorSettings(_Strict):
-    """The generator student of ``slimserve build``: teacher text, pruning, distillation (a) then (b)."""
+    """The generator student of ``slimserve build``: grounded teacher fine-tune, teacher text, pruning,
+    distillation (a) then (b)."""
 
     device: Literal["cpu", "cuda", "auto"] = Field(
         "cpu",
@@ -110,6 +166,7 @@ class GeneratorSettings(_Strict):
         "pruning runs on the CPU",
     )
 
+    finetune: TeacherFinetuneSettings = Field(default_factory=TeacherFinetuneSettings)
     teacher_text: TeacherTextSettings = Field(default_factory=TeacherTextSettings)
     student: GeneratorStudentSettings = Field(default_factory=GeneratorStudentSettings)
     offpolicy: OffPolicySettings = Field(default_factory=OffPolicySettings)

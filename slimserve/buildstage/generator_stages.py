@@ -1,9 +1,14 @@
-"""The generator stages of a build: teacher text -> pruned student -> (a) off-policy KL -> (b) on-policy KL.
+"""The generator stages of a build: grounded teacher fine-tune -> teacher text -> pruned student ->
+(a) off-policy KL -> (b) on-policy KL.
 
 They run after the scorer's stages when the recipe has a ``generator:`` section, each in
 ``<work_dir>/<stage>/`` with the build's conventions (``config.json``, ``done.json`` written last, resumable
-checkpoints). The teacher is the original model (not the scorer's yes/no fine-tuned copy). Every stage
-is evaluated on the same held-out prompts (test-split members), see ``compression.generation_eval``.
+checkpoints). The teacher is the original model (not the scorer's yes/no fine-tuned copy), fine-tuned on
+explanations written from each pair's facts (``data.explanations``) when ``finetune.enabled``; from then
+on the fine-tuned teacher is the teacher. Every model is evaluated on the same held-out prompts
+(test-split members), see ``compression.generation_eval``, and explains the same held-out pairs for the
+grounding evaluation (``evaluation.grounding``), checked at the end of every run with the scoring
+student's decisions when its stages are in the same work directory.
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ from .recipe import Recipe
 
 log = logging.getLogger(__name__)
 
-GENERATOR_STAGES = ("gen_teacher", "gen_prune", "gen_offpolicy", "gen_onpolicy")
+GENERATOR_STAGES = ("gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy", "gen_onpolicy")
 FINAL_STAGE = GENERATOR_STAGES[-1]
 ROWS_FILE = "generator_rows.json"
+EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
+GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
+ZERO_SHOT_ROW = "generator teacher (zero-shot)"
 
 
 def stage_config(recipe: Recipe, stage: str) -> dict:
@@ -41,8 +49,10 @@ def stage_config(recipe: Recipe, stage: str) -> dict:
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": dump(g.teacher_text),
         "evaluation": dump(g.evaluation),
+        "finetune": dump(g.finetune) if g.finetune.enabled else {"enabled": False},
     }
     for name, key, section in (
+        ("gen_finetune", None, None),
         ("gen_teacher", None, None),
         ("gen_prune", "student", g.student),
         ("gen_offpolicy", "offpolicy", g.offpolicy),
@@ -79,6 +89,17 @@ class GeneratorContext:
     def text(self, name: str) -> TeacherText:
         return TeacherText.load(self.work / "gen_teacher", name)
 
+    @property
+    def teacher_label(self) -> str:
+        return "generator teacher (fine-tuned)" if self.settings.finetune.enabled else "generator teacher"
+
+    def grounding_examples(self) -> list:
+        """The test-split pairs every model explains for the grounding evaluation."""
+        from ..compression.generation_data import pick
+
+        count = self.settings.evaluation.grounding_prompts
+        return pick(self.data.examples["test"], count, self.settings.teacher_text.seed) if count else []
+
     @cached_property
     def tokenizer(self):
         from tokenizers import Tokenizer
@@ -89,9 +110,45 @@ class GeneratorContext:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def evaluate(ctx: GeneratorContext, stage: str, model) -> GeneratorRow:
-    """Held-out figures of ``model``: on the teacher's text, on its own samples, size and decode speed."""
-    from ..compression.generation_eval import decode_tokens_per_s, evaluate_own_samples, evaluate_text
+def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> None:
+    """``model`` explains the grounding pairs (greedy); the texts go to ``out/explanations.json``."""
+    from ..compression.generation_data import explain_prompts, generate
+
+    examples = ctx.grounding_examples()
+    if not examples:
+        return
+    settings = ctx.settings
+    prompts = explain_prompts(examples, ctx.tokenizer_file, settings.teacher_text.max_prompt_tokens)
+    with progress_bar(len(prompts), f"explanations of {label}") as bar:
+        generated = generate(
+            model,
+            prompts,
+            Sampling(settings.evaluation.max_new_tokens),
+            ctx.end_ids,
+            settings.teacher_text.batch_size,
+            progress=bar.update,
+        )
+    path = out / EXPLANATIONS_FILE
+    texts = json.loads(path.read_text()) if path.is_file() else {}
+    texts[label] = [
+        {"key": f"{e.member_id}/{e.item_id}", "text": ctx.tokenizer.decode(r, skip_special_tokens=True)}
+        for e, r in zip(examples, generated.responses, strict=True)
+    ]
+    path.write_text(json.dumps(texts, indent=1) + "\n")
+
+
+def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
+    from ..compression.generation_eval import decode_tokens_per_s
+
+    row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
+    if ctx.settings.evaluation.speed_tokens:
+        row.decode_tokens_per_s = decode_tokens_per_s(model, prompt, ctx.settings.evaluation.speed_tokens)
+
+
+def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRow:
+    """Held-out figures of ``model``: on the teacher's text, on its own samples, size and decode speed;
+    its explanations of the grounding pairs are written to ``out``."""
+    from ..compression.generation_eval import evaluate_own_samples, evaluate_text
 
     settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
     with progress_bar(len(heldout.prompts), f"evaluate {stage} on teacher text") as bar:
@@ -111,9 +168,8 @@ def evaluate(ctx: GeneratorContext, stage: str, model) -> GeneratorRow:
             )
         row.kl_own_samples = own.kl
         row.own_sample_tokens = own.tokens / len(samples)
-    row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
-    if settings.speed_tokens:
-        row.decode_tokens_per_s = decode_tokens_per_s(model, heldout.prompts[0], settings.speed_tokens)
+    _size_and_speed(ctx, row, model, heldout.prompts[0])
+    write_explanations(ctx, stage, model, out)
     log.info("generator %s: %s", stage, row.as_dict())
     return row
 
@@ -125,6 +181,70 @@ def _save_model(ctx: GeneratorContext, model, out: Path) -> None:
     model.generation_config.eos_token_id = list(ctx.end_ids)
     model.generation_config.pad_token_id = ctx.end_ids[-1]
     save_hf_model(model, out / "model", ctx.tokenizer_file)
+
+
+def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[list[int]], list[dict]]:
+    """(prompts, answers, records) of the teacher's fine-tune: explanations written from the facts of
+    ``finetune.examples`` train-split pairs, and free instructions ``teacher`` answers itself (greedy)."""
+    from ..compression.generation_data import chat_prompts, explain_prompts, generate, pick
+    from ..data.explanations import explanation_rng, general_instructions, write_explanation
+
+    settings, max_prompt = ctx.settings.finetune, ctx.settings.teacher_text.max_prompt_tokens
+    examples = pick(ctx.data.examples["train"], settings.examples, settings.seed)
+    texts = [
+        write_explanation(e.member, e.item, explanation_rng(settings.seed, e.member, e.item))
+        for e in examples
+    ]
+    prompts = explain_prompts(examples, ctx.tokenizer_file, max_prompt)
+    end = ctx.end_ids[0]  # end of turn
+    answers = [[*e.ids, end] for e in ctx.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    records = [
+        {"kind": "explanation", "key": f"{e.member_id}/{e.item_id}", "text": t}
+        for e, t in zip(examples, texts, strict=True)
+    ]
+    instructions = general_instructions(settings.general_examples, settings.seed)
+    if instructions:
+        general = chat_prompts(instructions, ctx.tokenizer_file, max_prompt)
+        sampling = Sampling(settings.general_max_new_tokens)
+        with progress_bar(len(general), "teacher answers free instructions") as bar:
+            generated = generate(
+                teacher,
+                general,
+                sampling,
+                ctx.end_ids,
+                ctx.settings.teacher_text.batch_size,
+                progress=bar.update,
+            )
+        prompts += general
+        answers += generated.responses
+        records += [
+            {"kind": "instruction", "prompt": i, "text": ctx.decode(r)}
+            for i, r in zip(instructions, generated.responses, strict=True)
+        ]
+    return prompts, answers, records
+
+
+def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
+    """Measure the teacher as loaded (grounding, size, speed), then fine-tune it on the written
+    explanations (and its own answers to free instructions); the result is the teacher from now on."""
+    from ..compression.generation_data import explain_prompts
+    from ..compression.generation_finetune import finetune_on_answers
+
+    teacher = ctx.teacher
+    nan = float("nan")
+    row = GeneratorRow(ZERO_SHOT_ROW, nan, nan, nan)
+    probe = explain_prompts(ctx.data.examples["test"][:1], ctx.tokenizer_file, 512)[0]
+    _size_and_speed(ctx, row, teacher, probe)
+    write_explanations(ctx, ZERO_SHOT_ROW, teacher, out)
+    prompts, answers, records = finetune_set(ctx, teacher)
+    (out / "finetune_set.json").write_text(json.dumps(records, indent=1) + "\n")
+    report = finetune_on_answers(
+        teacher, prompts, answers, ctx.settings.finetune.train, out / "checkpoint.pt"
+    )
+    teacher.eval()
+    _save_model(ctx, teacher, out)
+    row.notes["finetune"] = {**report.as_dict(), "examples": len(prompts)}
+    return [row]
 
 
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
@@ -145,7 +265,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
             )
         keys = [f"{e.member_id}/{e.item_id}" for e in examples]
         TeacherText(keys, prompts, generated).save(out, name, ctx.decode)
-    return [evaluate(ctx, "generator teacher", ctx.teacher)]
+    return [evaluate(ctx, ctx.teacher_label, ctx.teacher, out)]
 
 
 def _calibration(ctx: GeneratorContext) -> list:
@@ -176,7 +296,7 @@ def run_prune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     pruned = pruned.to(ctx.device)
     (out / "prune_report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     _save_model(ctx, pruned, out)
-    return [evaluate(ctx, "generator pruned (osscar)", pruned)]
+    return [evaluate(ctx, "generator pruned (osscar)", pruned, out)]
 
 
 def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
@@ -188,7 +308,7 @@ def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         student, ctx.text("train"), ctx.settings.offpolicy.train, out / "checkpoint.pt"
     )
     _save_model(ctx, student, out)
-    row = evaluate(ctx, "generator (a) off-policy", student)
+    row = evaluate(ctx, "generator (a) off-policy", student, out)
     row.notes["train"] = report.as_dict()
     return [row]
 
@@ -215,17 +335,24 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     summary = {"batches": sampled.batches, "sampled_tokens": sampled.sampled_tokens, "ended": sampled.ended}
     (out / "onpolicy_samples.json").write_text(json.dumps({**summary, "samples": sampled.samples}) + "\n")
     _save_model(ctx, student, out)
-    row = evaluate(ctx, "generator (a)+(b) on-policy", student)
+    row = evaluate(ctx, "generator (a)+(b) on-policy", student, out)
     row.notes.update(train=report.as_dict(), onpolicy=summary)
     return [row]
 
 
 RUNNERS: dict[str, Callable[[GeneratorContext, Path], list[GeneratorRow]]] = {
+    "gen_finetune": run_finetune,
     "gen_teacher": run_teacher_text,
     "gen_prune": run_prune,
     "gen_offpolicy": run_offpolicy,
     "gen_onpolicy": run_onpolicy,
 }
+
+
+def _gate_failed(stage: str, what: str, gate: str) -> BuildError:
+    return BuildError(
+        f"quality gate failed at stage {stage!r}: {what} (generator.gates.{gate}); nothing was published"
+    )
 
 
 def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
@@ -235,24 +362,101 @@ def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
     offpolicy, final = by_stage["generator (a) off-policy"], rows[-1]
     increase = final.kl_own_samples - offpolicy.kl_own_samples
     if gates.max_kl_increase is not None and not increase <= gates.max_kl_increase:
-        raise BuildError(
-            f"quality gate failed at stage {final.stage!r}: held-out KL on own samples "
-            f"{final.kl_own_samples:.4f} is {increase:+.4f} from stage (a)'s {offpolicy.kl_own_samples:.4f}, "
-            f"the recipe allows at most {gates.max_kl_increase:+.4f} (generator.gates.max_kl_increase); "
-            f"nothing was published"
+        raise _gate_failed(
+            final.stage,
+            f"held-out KL on own samples {final.kl_own_samples:.4f} is {increase:+.4f} from stage (a)'s "
+            f"{offpolicy.kl_own_samples:.4f}, the recipe allows at most {gates.max_kl_increase:+.4f}",
+            "max_kl_increase",
         )
     if gates.min_top1_agreement is not None and not final.top1_agreement >= gates.min_top1_agreement:
-        raise BuildError(
-            f"quality gate failed at stage {final.stage!r}: top-1 agreement with the teacher "
-            f"{final.top1_agreement:.4f} is below {gates.min_top1_agreement:.4f} "
-            f"(generator.gates.min_top1_agreement); nothing was published"
+        raise _gate_failed(
+            final.stage,
+            f"top-1 agreement with the teacher {final.top1_agreement:.4f} is below {gates.min_top1_agreement:.4f}",
+            "min_top1_agreement",
         )
+    measured = f"on {final.grounding_pairs} held-out explanations"
+    if (
+        gates.max_hallucination_rate is not None
+        and not final.hallucination_rate <= gates.max_hallucination_rate
+    ):
+        raise _gate_failed(
+            final.stage,
+            f"hallucination rate {final.hallucination_rate:.3f} {measured} is above {gates.max_hallucination_rate:.3f}",
+            "max_hallucination_rate",
+        )
+    for value, limit, name, gate in (
+        (final.coverage, gates.min_coverage, "coverage of shared skills", "min_coverage"),
+        (
+            final.verdict_agreement,
+            gates.min_verdict_agreement,
+            "verdict agreement with the facts",
+            "min_verdict_agreement",
+        ),
+        (
+            final.decision_agreement,
+            gates.min_decision_agreement,
+            "verdict agreement with the scoring student",
+            "min_decision_agreement",
+        ),
+    ):
+        if limit is not None and not value >= limit:
+            raise _gate_failed(final.stage, f"{name} {value:.3f} {measured} is below {limit:.3f}", gate)
+
+
+def active_stages(settings: GeneratorSettings) -> tuple[str, ...]:
+    """The generator stages a recipe runs (``gen_finetune`` only when ``finetune.enabled``)."""
+    return tuple(s for s in GENERATOR_STAGES if s != "gen_finetune" or settings.finetune.enabled)
+
+
+def scorer_decisions(ctx: GeneratorContext, examples: list) -> tuple[list[bool] | None, str]:
+    """The scoring student's decision (engage: score = logit(yes) - logit(no) > 0) for test-split
+    ``examples``, from its test-split logits when the scorer's stages ran in the same work directory:
+    the pruned + re-distilled student (INT8 is its quantized copy). (None, reason) otherwise."""
+    path = ctx.work / "redistill" / "logits_test.npy"
+    if not path.is_file():
+        return None, "no scoring student in the work directory"
+    logits = artifacts.load_array(path.parent, "logits_test")
+    test = ctx.data.examples["test"]
+    if len(logits) != len(test):
+        return None, "the scoring student's test logits do not match the test split"
+    index = {(e.member_id, e.item_id): i for i, e in enumerate(test)}
+    rows = [index[(e.member_id, e.item_id)] for e in examples]
+    return [bool(logits[i, 0] - logits[i, 1] > 0) for i in rows], "redistill (pruned + re-distilled scorer)"
+
+
+def attach_grounding(ctx: GeneratorContext, stage_rows: dict[str, list[GeneratorRow]]) -> None:
+    """Check every row's held-out explanations against the pairs' facts (and the scorer's decisions):
+    fills the rows' grounding figures and writes each stage's ``grounding.json``."""
+    from ..evaluation.grounding import evaluate_grounding
+
+    examples = ctx.grounding_examples()
+    if not examples:
+        return
+    decisions, source = scorer_decisions(ctx, examples)
+    keys = [f"{e.member_id}/{e.item_id}" for e in examples]
+    pairs = [(e.member, e.item) for e in examples]
+    for stage, rows in stage_rows.items():
+        path = ctx.work / stage / EXPLANATIONS_FILE
+        texts = json.loads(path.read_text()) if path.is_file() else {}
+        checks_out = {}
+        for row in rows:
+            written = {t["key"]: t["text"] for t in texts.get(row.stage, [])}
+            if [k for k in keys if k in written] != keys:
+                continue  # explained other pairs (stale) or none
+            summary, checks = evaluate_grounding(pairs, [written[k] for k in keys], decisions)
+            row.set_grounding(summary, source if decisions is not None else None)
+            checks_out[row.stage] = [
+                {"key": k, "text": written[k], **c.as_dict()} for k, c in zip(keys, checks, strict=True)
+            ]
+        if checks_out:
+            (ctx.work / stage / GROUNDING_FILE).write_text(json.dumps(checks_out, indent=1) + "\n")
 
 
 def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
-    """Run (or skip, when done with the same settings) every generator stage, then check the gates."""
-    rows: list[GeneratorRow] = []
-    for stage in GENERATOR_STAGES:
+    """Run (or skip, when done with the same settings) every generator stage, check the grounding of
+    every model's held-out explanations, then the gates."""
+    by_stage: dict[str, list[GeneratorRow]] = {}
+    for stage in active_stages(ctx.settings):
         out, config = ctx.work / stage, stage_config(ctx.recipe, stage)
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
@@ -265,7 +469,11 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
             artifacts.mark_done(out, config)
             seconds[stage] = time.perf_counter() - started
             log.info("stage %s: finished in %.0f s", stage, seconds[stage])
-        rows += [GeneratorRow.from_dict(d) for d in json.loads((out / ROWS_FILE).read_text())]
+        by_stage[stage] = [GeneratorRow.from_dict(d) for d in json.loads((out / ROWS_FILE).read_text())]
+        if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
+            ctx.teacher = ctx.load_student(stage).eval()
+    attach_grounding(ctx, by_stage)
+    rows = [row for stage_rows in by_stage.values() for row in stage_rows]
     check_gates(ctx.settings, rows)
     return rows
 

@@ -30,17 +30,25 @@ class Sampling:
     seed: int = 0
 
 
-def explain_prompts(examples: Sequence, tokenizer_file: Path, max_tokens: int) -> list[list[int]]:
-    """Token ids of each example's explanation chat prompt (head and tail kept when too long)."""
+def chat_prompts(user_texts: Sequence[str], tokenizer_file: Path, max_tokens: int) -> list[list[int]]:
+    """Token ids of ``render_chat_prompt(text)`` for each user text (head and tail kept when too long)."""
     from tokenizers import Tokenizer
 
-    from ..prompts import render_chat_prompt, render_explain_request
+    from ..prompts import render_chat_prompt
     from ..tokenization import truncate_head_tail
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    texts = [render_chat_prompt(render_explain_request(e.member, e.item)) for e in examples]
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    encodings = tokenizer.encode_batch([render_chat_prompt(t) for t in user_texts], add_special_tokens=False)
     return [truncate_head_tail(e.ids, max_tokens) for e in encodings]
+
+
+def explain_prompts(examples: Sequence, tokenizer_file: Path, max_tokens: int) -> list[list[int]]:
+    """Token ids of each example's explanation chat prompt (head and tail kept when too long)."""
+    from ..prompts import render_explain_request
+
+    return chat_prompts(
+        [render_explain_request(e.member, e.item) for e in examples], tokenizer_file, max_tokens
+    )
 
 
 def end_token_ids(tokenizer_file: Path) -> list[int]:

@@ -1,4 +1,5 @@
-"""The generator's rows in the build report: held-out loss and KL to the teacher per stage, size, speed."""
+"""The generator's rows in the build report: held-out loss and KL to the teacher per stage, grounding of
+its explanations (``evaluation.grounding``), size, speed."""
 
 from __future__ import annotations
 
@@ -20,7 +21,26 @@ class GeneratorRow(ReportRow):
     parameters: int = 0
     embedding_parameters: int = 0
     decode_tokens_per_s: float = float("nan")  # PyTorch, greedy, one stream
+    hallucination_rate: float = float("nan")  # held-out explanations naming a foreign term or a false skill
+    coverage: float = float("nan")  # of those with a shared skill, the share naming one
+    verdict_agreement: float = float("nan")  # verdict = the facts' verdict
+    decision_agreement: float = float("nan")  # Strong/Weak verdict = the scoring student's decision
+    grounding_pairs: int = 0
     notes: dict = field(default_factory=dict)
+
+    def set_grounding(self, summary, decision_source: str | None = None) -> None:
+        """Take the figures of a ``GroundingSummary`` (details in ``notes["grounding"]``)."""
+        self.hallucination_rate = summary.hallucination_rate
+        self.coverage = summary.coverage
+        self.verdict_agreement = summary.verdict_agreement
+        self.decision_agreement = summary.decision_agreement
+        self.grounding_pairs = summary.pairs
+        details = {
+            k: v
+            for k, v in summary.as_dict().items()
+            if k in ("coverage_pairs", "decision_pairs", "verdicts")
+        }
+        self.notes["grounding"] = {**details, "decision_source": decision_source}
 
     @classmethod
     def from_dict(cls, data: dict) -> GeneratorRow:
@@ -43,6 +63,10 @@ COLUMNS = (
     ("own sample tokens", lambda r: _fmt(r.own_sample_tokens, 1)),
     ("params (non-emb)", _params),
     ("decode tokens/s (PyTorch)", lambda r: _fmt(r.decode_tokens_per_s, 1)),
+    ("hallucination", lambda r: _fmt(r.hallucination_rate, 2)),
+    ("coverage", lambda r: _fmt(r.coverage, 2)),
+    ("verdict = facts", lambda r: _fmt(r.verdict_agreement, 2)),
+    ("verdict = scorer", lambda r: _fmt(r.decision_agreement, 2)),
 )
 
 

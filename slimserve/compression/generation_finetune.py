@@ -1,0 +1,46 @@
+"""Supervised fine-tuning of a generator on (prompt, answer) token pairs: the grounded teacher fine-tune.
+
+The loss is the mean cross-entropy of the answer tokens (the prompt is context), on the shared resumable
+trainer; embeddings (tied with the LM head) stay frozen, as in distillation. The answers are explanations
+written from each pair's facts (``data.explanations``) and, optionally, the teacher's own answers to free
+instructions, so that fine-tuning on one task does not erase the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .batches import batch_indices
+from .generation_distill import _run, response_batch, response_logprobs
+from .trainer import TrainConfig, TrainReport
+
+
+def answer_loss(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Mean ``-log q(token)`` over the answer tokens of a batch."""
+    batch = response_batch(prompts, answers)
+    logprobs = response_logprobs(model, batch)
+    return -logprobs.gather(-1, batch.targets.to(logprobs.device)[:, None]).mean()
+
+
+def finetune_on_answers(
+    model,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    config: TrainConfig,
+    checkpoint: Path | None = None,
+) -> TrainReport:
+    """Fine-tune ``model`` in place to write ``answers[i]`` after ``prompts[i]``."""
+    if len(prompts) != len(answers) or not prompts:
+        raise ValueError("fine-tuning needs as many answers as prompts, and at least one")
+    lengths = [len(p) + len(a) for p, a in zip(prompts, answers, strict=True)]
+
+    def plan(epoch: int):
+        return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
+
+    def loss_fn(indices) -> torch.Tensor:
+        return answer_loss(model, [prompts[i] for i in indices], [answers[i] for i in indices])
+
+    return _run(model, plan, loss_fn, config, checkpoint, "generator teacher fine-tune")
