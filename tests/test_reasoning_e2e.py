@@ -389,7 +389,8 @@ async def test_reflection_and_metrics(generator_repository, triton):
 
 async def test_streams_beyond_the_admission_budget_are_refused_at_once(generator_repository, triton):
     """Budget of 2 streams: with 2 long streams decoding, a third is RESOURCE_EXHAUSTED with a retry hint
-    (before its prompt is tokenized); once they are cancelled their slots in the budget come back."""
+    (before its prompt is tokenized); once they are cancelled their slots in the budget come back. A body
+    that does not decode is INVALID_ARGUMENT naming the message type."""
     from slimserve.serving.admission import RETRY_PUSHBACK_METADATA
 
     config = service_config(
@@ -418,5 +419,11 @@ async def test_streams_beyond_the_admission_budget_are_refused_at_once(generator
                 await asyncio.sleep(0.05)
             _, _, metadata = await collect(stub.Generate(generate_request("next", sampled(4)), timeout=30))
             assert metadata.tokens_generated == 4
+            raw = channel.unary_stream("/slimserve.v1.ReasoningService/Generate")  # bytes, no serializer
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in raw(b"\xff\xff\xff not a protobuf", timeout=10):
+                    pass
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == "request is not a valid GenerateRequest"
     finally:
         await server.stop(grace=1)

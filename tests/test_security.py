@@ -212,10 +212,12 @@ async def test_tokens_required_health_open(tmp_path, caplog):
         await server.stop(grace=0.5)
 
 
-async def test_token_and_mtls_together(tmp_path, pki):
+async def test_token_and_mtls_together(tmp_path, pki, caplog):
     server = await started(tmp_path, auth_tokens=TOKENS, **tls_files(pki, tmp_path / "tls", mtls=True))
     try:
-        no_token = await score_error(server.port, client(pki, cert=True))
+        with caplog.at_level(logging.WARNING, logger="slimserve.serving.security"):
+            no_token = await score_error(server.port, client(pki, cert=True))
+        assert "(client.test)" in caplog.text  # the caller's certificate names it in the log
         assert no_token.code() == grpc.StatusCode.UNAUTHENTICATED
         let_in = await score_error(server.port, client(pki, cert=True, token=TOKENS[0]))
         assert let_in.code() == grpc.StatusCode.UNAVAILABLE
