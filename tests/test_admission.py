@@ -18,11 +18,13 @@ from slimserve.serving.reasoning.config import ReasoningServiceConfig
 from slimserve.serving.server import ScoringServer
 from slimserve.settings import ConfigError, load_config
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
+from tests import test_scoring_service_unit
 from tests.test_scoring_service_unit import config_for, make_bundle, score_request
 
 SCORE = "/slimserve.v1.ScoringService/Score"
 SCORE_STREAM = "/slimserve.v1.ScoringService/ScoreStream"
 GARBAGE = b"\xff\xff\xff\xff\x0f not a protobuf"
+channel = test_scoring_service_unit.channel  # the fixture, on this module's server
 
 
 @pytest.fixture
@@ -35,12 +37,6 @@ async def server(tmp_path):
     await server.start()
     yield server
     await server.stop(grace=0.5)
-
-
-@pytest.fixture
-async def channel(server):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        yield channel
 
 
 async def failure(call) -> tuple[grpc.StatusCode, str, dict]:
