@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import prompts
 from .bundle import PromptSplit
 from .schema import Item, Member
-from .tokenization import PromptTokenizer
+from .tokenization import PromptTokenizer, bucket_for, pad_multi_item
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,35 @@ def encode_scoring(
         add_special_tokens=False,
     )
     return ScoringTokens(prefix, suffixes)
+
+
+@dataclass(frozen=True)
+class MultiItemRequest:
+    """One multi-item model request: which candidates (by input index) and its tensors, one member:
+    ``prefix_ids``/``prefix_mask`` [1, P], ``item_ids``/``item_mask`` [1, N, L]."""
+
+    indices: tuple[int, ...]
+    prefix_ids: np.ndarray
+    prefix_mask: np.ndarray
+    item_ids: np.ndarray
+    item_mask: np.ndarray
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.prefix_ids, self.prefix_mask, self.item_ids, self.item_mask
+
+
+def multi_item_requests(
+    tokens: ScoringTokens, item_buckets: Sequence[int], max_items: int, pad_token_id: int = 0
+) -> list[MultiItemRequest]:
+    """The model requests of one Score call: the prefix once, the items in runs of ``max_items``, each
+    run padded to the length bucket of its longest item."""
+    if not tokens.prefix:
+        raise ValueError("multi-item scoring needs a member prefix (a split prompt template)")
+    requests = []
+    for begin in range(0, len(tokens.items), max_items):
+        part = tuple(range(begin, min(begin + max_items, len(tokens.items))))
+        items = [tokens.items[i] for i in part]
+        length = bucket_for(max(map(len, items)), item_buckets)
+        arrays = pad_multi_item([tokens.prefix], [items], item_length=length, pad_token_id=pad_token_id)
+        requests.append(MultiItemRequest(part, *arrays))
+    return requests

@@ -10,17 +10,29 @@ import pytest
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
 
 
-@pytest.fixture(scope="session")
-def tiny_repository(tmp_path_factory) -> Path:
-    """A model repository holding the tiny random scorer (real export: ONNX, parity, publish)."""
+def export_tiny(repository: Path, **overrides) -> Path:
+    """Export the tiny random scorer into ``repository`` (real export: ONNX, parity, publish)."""
     from slimserve.export.pipeline import ScorerExportConfig, export_scorer
 
-    repository = tmp_path_factory.mktemp("repo") / "model_repository"
+    settings = {"length_buckets": (64, 192, 320), "prefix_max_tokens": 192, **overrides}
     export_scorer(
-        ScorerExportConfig(teacher="tiny", model_repository=repository, length_buckets=(64, 192, 320)),
+        ScorerExportConfig(teacher="tiny", model_repository=repository, **settings),
         command="tests: tiny export",
     )
     return repository
+
+
+@pytest.fixture(scope="session")
+def tiny_repository(tmp_path_factory) -> Path:
+    """A model repository holding the tiny random single-sequence scorer."""
+    return export_tiny(tmp_path_factory.mktemp("repo") / "model_repository", scoring_mode="single")
+
+
+@pytest.fixture(scope="session")
+def tiny_multi_item_repository(tmp_path_factory) -> Path:
+    """The tiny random scorer as a multi-item model (at most 4 candidates per Triton request, so a
+    10-candidate call is split into 3 requests)."""
+    return export_tiny(tmp_path_factory.mktemp("repo") / "model_repository", max_items_per_request=4)
 
 
 def start_triton(repository: Path, grpc_port: int = 0, **overrides) -> TritonServer:
@@ -40,6 +52,15 @@ def start_triton(repository: Path, grpc_port: int = 0, **overrides) -> TritonSer
 def tiny_triton(tiny_repository) -> TritonServer:
     """One Triton for the session's read-only tests (tests that kill Triton start their own)."""
     server = start_triton(tiny_repository)
+    yield server
+    with contextlib.suppress(Exception):
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_multi_item_triton(tiny_multi_item_repository) -> TritonServer:
+    """One Triton serving the multi-item tiny scorer, for the session's read-only tests."""
+    server = start_triton(tiny_multi_item_repository)
     yield server
     with contextlib.suppress(Exception):
         server.stop()

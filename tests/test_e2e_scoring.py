@@ -1,4 +1,6 @@
-"""End to end on the real Triton binary: exported tiny scorer -> Triton -> ScoringService -> gRPC client."""
+"""End to end on the real Triton binary: exported tiny scorer -> Triton -> ScoringService -> gRPC client.
+
+The service tests run for both scorer layouts (single-sequence and multi-item)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from slimserve.bundle import bundle_dir_for, load_bundle
 from slimserve.client import build_request
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.export.triton_config import check_against_onnx, onnx_io_specs, parse_config_pbtxt
-from slimserve.prompts import render_scoring_prompt
+from slimserve.scoring_tokens import encode_scoring
 from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.server import ScoringServer
 from slimserve.serving.triton.client import TritonScorerClient
-from slimserve.tokenization import PromptTokenizer, bucket_for, pad_batch
+from slimserve.tokenization import PromptTokenizer, bucket_for, pad_batch, pad_multi_item
 from slimserve.v1 import scoring_pb2_grpc
 
 
@@ -35,9 +37,21 @@ def service_config(repository, triton_url: str, **overrides) -> ScoringServiceCo
     )
 
 
+@pytest.fixture(params=["single", "multi_item"])
+def layout(request):
+    """(repository, triton) of one scorer layout."""
+    if request.param == "single":
+        return request.getfixturevalue("tiny_repository"), request.getfixturevalue("tiny_triton")
+    return (
+        request.getfixturevalue("tiny_multi_item_repository"),
+        request.getfixturevalue("tiny_multi_item_triton"),
+    )
+
+
 @pytest.fixture
-async def service(tiny_repository, tiny_triton):
-    server = ScoringServer(service_config(tiny_repository, tiny_triton.grpc_url, max_candidates=100))
+async def service(layout):
+    repository, triton = layout
+    server = ScoringServer(service_config(repository, triton.grpc_url, max_candidates=100))
     await server.start()
     assert await server.core.watcher.wait_until_ready(timeout=30)
     yield server
@@ -51,16 +65,23 @@ async def stub(service):
 
 
 def direct_onnx_scores(repository, candidates) -> np.ndarray:
-    """What ONNX Runtime says for each candidate alone, tokenized and padded as the service does."""
+    """What ONNX Runtime says for each candidate alone (the multi-item graph: the prefix and that one
+    item), tokenized as the bundle says."""
     bundle_dir = bundle_dir_for(repository, "scorer")
     bundle = load_bundle(bundle_dir)
     tokenizer = PromptTokenizer(bundle_dir / "tokenizer.json", bundle.max_length)
     session = ort.InferenceSession(str(bundle_dir.parent / "model.onnx"), providers=["CPUExecutionProvider"])
     scores = []
     for item in candidates:
-        (ids,) = tokenizer.encode([render_scoring_prompt(EXAMPLE_MEMBER, item)])
-        input_ids, mask = pad_batch([ids], bucket_for(len(ids), bundle.length_buckets))
-        scores.append(session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0][0, 0])
+        tokens = encode_scoring(tokenizer, EXAMPLE_MEMBER, [item], bundle.prompt_split)
+        if bundle.multi_item:
+            arrays = pad_multi_item([tokens.prefix], [tokens.items])
+            feed = dict(zip(("prefix_ids", "prefix_mask", "item_ids", "item_mask"), arrays, strict=True))
+        else:
+            (ids,) = tokens.sequences()
+            input_ids, mask = pad_batch([ids], bucket_for(len(ids), bundle.length_buckets))
+            feed = {"input_ids": input_ids, "attention_mask": mask}
+        scores.append(session.run(None, feed)[0].ravel()[0])
     return np.array(scores)
 
 
@@ -84,7 +105,8 @@ def test_generated_config_matches_the_onnx_graph(tiny_repository):
     )
 
 
-async def test_service_scores_equal_direct_onnx_runtime(stub, tiny_repository):
+async def test_service_scores_equal_direct_onnx_runtime(stub, layout):
+    tiny_repository, _ = layout
     candidates = example_candidates(30)
     # a long description sends some candidates to a bigger length bucket
     candidates[3] = dataclasses.replace(candidates[3], description="Long text. " * 60)
@@ -110,17 +132,25 @@ async def test_top_k_cuts_the_ranking(stub):
     assert [i.item_id for i in top.items] == [i.item_id for i in full.items[:3]]
 
 
-async def test_dynamic_batching_merges_concurrent_score_calls(stub, tiny_triton):
-    async with TritonScorerClient(tiny_triton.grpc_url, model_name="scorer") as client:
+async def test_dynamic_batching_merges_concurrent_score_calls(stub, layout):
+    repository, triton = layout
+    # Single-sequence: one Triton inference per candidate; multi-item: one per call (one member), and
+    # calls of different members (different prefixes) are merged too.
+    per_call = 1 if load_bundle(bundle_dir_for(repository, "scorer")).multi_item else 2
+    async with TritonScorerClient(triton.grpc_url, model_name="scorer") as client:
         before = await client.model_statistics()
         candidates = example_candidates(2)
-        calls = [stub.Score(build_request(EXAMPLE_MEMBER, candidates), timeout=60) for _ in range(64)]
+        members = [
+            dataclasses.replace(EXAMPLE_MEMBER, id=f"m{i}", skills=EXAMPLE_MEMBER.skills[: 1 + i % 4])
+            for i in range(64)
+        ]
+        calls = [stub.Score(build_request(member, candidates), timeout=60) for member in members]
         responses = await asyncio.gather(*calls)
-        after = await settled_statistics(client, before.inference_count + 128)
+        after = await settled_statistics(client, before.inference_count + 64 * per_call)
     assert all(len(r.items) == 2 for r in responses)
     inferences = after.inference_count - before.inference_count
     executions = after.execution_count - before.execution_count
-    assert inferences == 128  # 64 calls x 2 candidates, one Triton request each
+    assert inferences == 64 * per_call
     assert executions < inferences, f"{executions} executions for {inferences} inferences: no batching"
 
 

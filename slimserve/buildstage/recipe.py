@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ..bundle import PromptSplit
 from ..compression.trainer import TrainConfig
+from ..export.scoring_layout import ScoringLayout
 from ..export.tensorrt.settings import TensorRTSettings, check_profiles_fit
 from ..settings import ConfigError, Settings, load_config
 from .generator_recipe import GeneratorSettings
@@ -95,47 +95,16 @@ class GateSettings(_Strict):
     int8: float = Field(0.985, ge=0, description="INT8 student (the published model)")
 
 
-class PublishSettings(_Strict):
+class PublishSettings(ScoringLayout, _Strict):
     """Where and how the final student is served."""
 
     model_repository: Path = Field(Path("model_repository"), description="Triton repository to publish into")
     model_name: str = Field("scorer", description="Triton model name")
     length_buckets: tuple[int, ...] = Field((96, 192, 320, 512), description="Sequence-length buckets")
-    scoring_mode: Literal["multi_item", "single"] = Field(
-        "multi_item",
-        description="multi_item: one member prefix per Score call, candidates as item suffixes; "
-        "single: one full sequence per candidate",
-    )
-    prefix_max_tokens: int = Field(320, ge=8, description="Token budget of the member prefix")
-    item_max_tokens: int = Field(128, ge=8, description="Token budget of one item suffix")
-    item_length_buckets: tuple[int, ...] = Field(
-        (32, 64, 128), description="Multi-item: item-suffix length buckets (the largest >= item_max_tokens)"
-    )
-    max_items_per_request: int = Field(
-        256, ge=1, description="Multi-item: candidates per Triton request (more are split into requests)"
-    )
     max_batch_size: int = Field(64, ge=1, description="Triton max_batch_size")
     max_queue_delay_us: int = Field(200, ge=0, description="Dynamic batcher queue delay")
     max_queue_size: int = Field(1024, ge=0, description="Triton queue bound (RESOURCE_EXHAUSTED beyond)")
     default_timeout_us: int = Field(30_000_000, ge=0, description="Queue timeout (non-zero: deadlines apply)")
-
-    def prompt_split(self) -> PromptSplit:
-        """How scoring prompts are tokenized (member prefix and item suffixes apart)."""
-        return PromptSplit(self.prefix_max_tokens, self.item_max_tokens)
-
-    @model_validator(mode="after")
-    def _budgets_fit(self) -> PublishSettings:
-        if self.prefix_max_tokens + self.item_max_tokens > max(self.length_buckets):
-            raise ValueError(
-                f"prefix_max_tokens + item_max_tokens ({self.prefix_max_tokens + self.item_max_tokens}) "
-                f"exceeds the largest length bucket {max(self.length_buckets)}"
-            )
-        if max(self.item_length_buckets) < self.item_max_tokens:
-            raise ValueError(
-                f"item_length_buckets: the largest ({max(self.item_length_buckets)}) must hold "
-                f"item_max_tokens ({self.item_max_tokens})"
-            )
-        return self
 
 
 class Recipe(Settings):

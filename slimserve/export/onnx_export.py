@@ -52,10 +52,48 @@ def export_scorer_onnx(
     opset: int = DEFAULT_OPSET,
 ) -> list[Path]:
     """Export ``graph`` to ``path``; returns the files written (the graph, plus external data if any)."""
-    path = Path(path)
     batch = torch.export.Dim("batch", min=1, max=4096)
     sequence = torch.export.Dim("sequence", min=2, max=8192)
-    external = _parameter_bytes(graph) > EXTERNAL_DATA_BYTES
+    return _export(
+        graph,
+        path,
+        (sample_input_ids, sample_attention_mask),
+        input_names=[tensors.input_ids, tensors.attention_mask],
+        output_name=tensors.score,
+        dynamic_shapes=({0: batch, 1: sequence}, {0: batch, 1: sequence}),
+        opset=opset,
+    )
+
+
+def export_multi_item_onnx(
+    scorer: torch.nn.Module,
+    path: Path,
+    sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    tensors: TensorNames = DEFAULT_TENSORS,
+    opset: int = DEFAULT_OPSET,
+) -> list[Path]:
+    """Export a ``MultiItemScorer``: (prefix_ids, prefix_mask [B, P], item_ids, item_mask [B, N, L])
+    -> score [B, N], every axis dynamic. The sample must have B, P, N and L each >= 2."""
+    members = torch.export.Dim("members", min=1, max=1024)
+    prefix = torch.export.Dim("prefix", min=2, max=8192)
+    items = torch.export.Dim("items", min=1, max=8192)
+    item_length = torch.export.Dim("item_length", min=2, max=8192)
+    prefix_axes = {0: members, 1: prefix}
+    item_axes = {0: members, 1: items, 2: item_length}
+    return _export(
+        scorer,
+        path,
+        sample,
+        input_names=[tensors.prefix_ids, tensors.prefix_mask, tensors.item_ids, tensors.item_mask],
+        output_name=tensors.score,
+        dynamic_shapes=(prefix_axes, prefix_axes, item_axes, item_axes),
+        opset=opset,
+    )
+
+
+def _export(module, path, sample, *, input_names, output_name, dynamic_shapes, opset) -> list[Path]:
+    path = Path(path)
+    external = _parameter_bytes(module) > EXTERNAL_DATA_BYTES
     log.info(
         "exporting ONNX (torch.onnx dynamo, opset %d): about a minute for a 135M model on 2 cores", opset
     )
@@ -63,12 +101,12 @@ def export_scorer_onnx(
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
-                graph.eval(),
-                (sample_input_ids, sample_attention_mask),
+                module.eval(),
+                tuple(sample),
                 str(path),
-                input_names=[tensors.input_ids, tensors.attention_mask],
-                output_names=[tensors.score],
-                dynamic_shapes=({0: batch, 1: sequence}, {0: batch, 1: sequence}),
+                input_names=list(input_names),
+                output_names=[output_name],
+                dynamic_shapes=dynamic_shapes,
                 dynamo=True,
                 opset_version=opset,
                 external_data=external,

@@ -57,14 +57,52 @@ def check_scorer_parity(
 ) -> ParityReport:
     """Score ``sequences`` with PyTorch and with ONNX Runtime (same padded batches) and compare."""
     import onnxruntime as ort
-    import torch
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
-    reference = np.zeros(len(sequences), dtype=np.float64)
+    reference = single_sequence_scores(graph, sequences, buckets)
     candidate = np.zeros(len(sequences), dtype=np.float64)
+    for chunk, ids, mask in padded_batches(sequences, buckets, batch_size=8):
+        candidate[chunk] = session.run(None, dict(zip(names, (ids, mask), strict=True)))[0].ravel()
+    return compare_scores(reference, candidate, atol, rtol)
+
+
+def single_sequence_scores(graph, sequences: list[list[int]], buckets, batch_size: int = 8) -> np.ndarray:
+    """PyTorch scores of the single-sequence graph on ``sequences`` padded to their buckets."""
+    import torch
+
+    out = np.zeros(len(sequences), dtype=np.float64)
     with torch.no_grad():
-        for chunk, ids, mask in padded_batches(sequences, buckets, batch_size=8):
-            reference[chunk] = graph(torch.from_numpy(ids), torch.from_numpy(mask)).numpy().ravel()
-            candidate[chunk] = session.run(None, dict(zip(names, (ids, mask), strict=True)))[0].ravel()
+        for chunk, ids, mask in padded_batches(sequences, buckets, batch_size):
+            out[chunk] = graph(torch.from_numpy(ids), torch.from_numpy(mask)).numpy().ravel()
+    return out
+
+
+def multi_item_onnx_scores(session, tokens: list, requests_of) -> np.ndarray:
+    """ONNX Runtime scores of a multi-item graph: each member's candidates as ``requests_of(tokens)``
+    gives them (the service's requests), concatenated in member order."""
+    names = [i.name for i in session.get_inputs()]
+    scores = []
+    for member in tokens:
+        out = np.zeros(len(member.items), dtype=np.float64)
+        for request in requests_of(member):
+            feed = dict(
+                zip(("prefix_ids", "prefix_mask", "item_ids", "item_mask"), request.arrays(), strict=True)
+            )
+            out[list(request.indices)] = session.run(None, {n: feed[n] for n in names})[0][0]
+        scores.append(out)
+    return np.concatenate(scores)
+
+
+def check_multi_item_parity(
+    graph, onnx_path, tokens: list, requests_of, buckets, atol: float = 1e-4, rtol: float = 0.0
+) -> ParityReport:
+    """The multi-item ONNX graph against the single-sequence PyTorch ``graph`` on the same tokens
+    (``tokens``: one ``ScoringTokens`` per member; ``prefix + item`` is the single-sequence input)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    sequences = [seq for member in tokens for seq in member.sequences()]
+    reference = single_sequence_scores(graph, sequences, buckets)
+    candidate = multi_item_onnx_scores(session, tokens, requests_of)
     return compare_scores(reference, candidate, atol, rtol)

@@ -18,19 +18,22 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from ..bundle import ServingBundle, sha256_file
+from ..bundle import SCORING_MULTI_ITEM, ServingBundle, sha256_file
 from ..cache import cache_dir
 from ..examples import EXAMPLE_MEMBER, example_candidates
-from ..prompts import NO_WORD, SCORING_TEMPLATE_VERSION, YES_WORD, render_scoring_prompt
+from ..prompts import NO_WORD, SCORING_TEMPLATE_VERSION, YES_WORD
+from ..schema import Item
+from ..scoring_tokens import ScoringTokens, encode_scoring
 from ..settings import Settings
 from ..tokenization import PromptTokenizer, bucket_for, pad_batch
 from .model_card import scorer_model_card
-from .parity import ParityReport, check_scorer_parity
+from .parity import ParityReport, check_multi_item_parity, check_scorer_parity
+from .scoring_layout import ScoringLayout
 
 log = logging.getLogger(__name__)
 
 
-class ScorerExportConfig(Settings):
+class ScorerExportConfig(ScoringLayout, Settings):
     """Settings of ``slimserve export`` (teacher -> scorer model in a Triton repository)."""
 
     env_prefix: ClassVar[str] = "SLIMSERVE_EXPORT_"
@@ -64,6 +67,11 @@ class ScorerExportConfig(Settings):
     opset: int = Field(18, ge=17, description="ONNX opset")
     parity_atol: float = Field(1e-3, gt=0, description="Allowed absolute score difference ONNX vs PyTorch")
     parity_rtol: float = Field(1e-4, ge=0, description="Allowed difference relative to the largest score")
+    multi_item_parity_atol: float = Field(
+        1e-4,
+        gt=0,
+        description="Multi-item: allowed absolute score difference against the single-sequence graph",
+    )
     parity_prompts: int = Field(24, ge=2, description="Real prompts used for the parity check")
 
 
@@ -78,20 +86,34 @@ class ExportResult:
     seconds: dict[str, float]
 
 
-def parity_prompts(count: int) -> list[str]:
-    """Real scoring prompts: the example member against varied candidates, some long (big buckets)."""
+def parity_items(count: int) -> list[Item]:
+    """Varied candidates for the example member, some with long descriptions (big buckets)."""
     items = example_candidates(count)
     long_tail = max(1, count // 6)
     for index in range(long_tail):
         item = items[-1 - index]
         items[-1 - index] = dataclasses.replace(item, description=item.description * (6 + 6 * index))
-    return [render_scoring_prompt(EXAMPLE_MEMBER, item) for item in items]
+    return items
+
+
+def parity_tokens(tokenizer: PromptTokenizer, count: int, split) -> ScoringTokens:
+    """Real scoring prompts as tokens: the example member against ``parity_items(count)``."""
+    return encode_scoring(tokenizer, EXAMPLE_MEMBER, parity_items(count), split)
+
+
+def parity_prompts(count: int) -> list[str]:
+    """Real scoring prompts as whole texts (for single-sequence checks of whole-text templates)."""
+    from ..prompts import render_scoring_prompt
+
+    return [render_scoring_prompt(EXAMPLE_MEMBER, item) for item in parity_items(count)]
 
 
 def build_scorer_bundle(
     config, tokenizer: PromptTokenizer, tokenizer_file: Path, source: str
 ) -> ServingBundle:
-    """The serving bundle of a scorer (name, buckets and batch size from ``config``; hash at publish)."""
+    """The serving bundle of a scorer (name, layout, buckets and batch size from ``config``, which has
+    ``ScoringLayout``'s fields; hash at publish)."""
+    multi = config.scoring_mode == SCORING_MULTI_ITEM
     return ServingBundle(
         model_name=config.model_name,
         model_version=0,  # set at publish
@@ -100,9 +122,13 @@ def build_scorer_bundle(
         yes_token_id=tokenizer.token_id(YES_WORD),
         no_token_id=tokenizer.token_id(NO_WORD),
         length_buckets=tuple(sorted(config.length_buckets)),
-        max_batch_size=config.max_batch_size,
+        max_batch_size=config.max_members_per_batch if multi else config.max_batch_size,
         tokenizer_sha256=sha256_file(tokenizer_file),
         source_model=source,
+        scoring_mode=config.scoring_mode,
+        prompt_split=config.prompt_split(),
+        item_length_buckets=tuple(sorted(config.item_length_buckets)) if multi else (),
+        max_items_per_request=config.max_items_per_request if multi else 0,
     )
 
 
@@ -121,7 +147,7 @@ def export_checked_onnx(
     buckets); raise ``ExportError`` when parity breaks. Returns the files written and the report."""
     import torch  # here, not at module level: `slimserve serve` imports this module's config without torch
 
-    from .onnx_export import ExportError, export_scorer_onnx
+    from .onnx_export import export_scorer_onnx
 
     seconds = {} if seconds is None else seconds
     sample = sequences[:2]
@@ -134,12 +160,61 @@ def export_checked_onnx(
     started = time.perf_counter()
     parity = check_scorer_parity(graph, files[0], sequences, buckets, atol, rtol)
     seconds["parity"] = time.perf_counter() - started
-    log.info("parity: %s", parity.as_dict())
+    _raise_on_failed_parity(parity, "ONNX vs PyTorch")
+    return files, parity
+
+
+def _raise_on_failed_parity(parity: ParityReport, what: str) -> None:
+    from .onnx_export import ExportError
+
+    log.info("parity (%s): %s", what, parity.as_dict())
     if not parity.passed:
         raise ExportError(
-            f"ONNX parity failed on {parity.prompts} prompts: max abs diff {parity.max_abs_diff:.3g} "
+            f"{what} parity failed on {parity.prompts} prompts: max abs diff {parity.max_abs_diff:.3g} "
             f"(tolerance {parity.tolerance:.3g}), {parity.swapped_pairs} ranking pairs swapped; nothing published"
         )
+
+
+def export_checked_multi_item_onnx(
+    graph,
+    path: Path,
+    tokens: list[ScoringTokens],
+    bundle: ServingBundle,
+    *,
+    opset: int = 18,
+    atol: float = 1e-4,
+    rtol: float = 0.0,
+    seconds: dict[str, float] | None = None,
+) -> tuple[list[Path], ParityReport]:
+    """Export ``graph`` (a ``ScorerGraph``) as the multi-item scoring graph and check it against the
+    single-sequence PyTorch graph on ``tokens`` (requests as the service sends them); raise
+    ``ExportError`` when parity breaks. Returns the files written and the report."""
+    import torch
+
+    from ..models.multi_item import MultiItemScorer
+    from ..scoring_tokens import multi_item_requests
+    from ..tokenization import pad_multi_item
+    from .onnx_export import export_multi_item_onnx
+
+    seconds = {} if seconds is None else seconds
+    scorer = MultiItemScorer(graph).eval()
+    sample = [t for t in tokens if len(t.items) >= 2][:2] or tokens[:1]
+    arrays = pad_multi_item([t.prefix for t in sample], [t.items[:2] for t in sample])
+    started = time.perf_counter()
+    files = export_multi_item_onnx(scorer, path, tuple(torch.from_numpy(a) for a in arrays), opset=opset)
+    seconds["onnx_export"] = time.perf_counter() - started
+    started = time.perf_counter()
+    parity = check_multi_item_parity(
+        graph,
+        files[0],
+        tokens,
+        lambda t: multi_item_requests(t, bundle.item_length_buckets, bundle.max_items_per_request),
+        bundle.length_buckets,
+        atol,
+        rtol,
+    )
+    seconds["parity"] = time.perf_counter() - started
+    _raise_on_failed_parity(parity, "multi-item ONNX vs single-sequence PyTorch")
     return files, parity
 
 
@@ -147,7 +222,7 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
     from .repository import publish_version
     from .scorer_graph import ScorerGraph
-    from .scorer_model import scorer_model_files, scorer_triton_spec
+    from .scorer_model import scorer_model_files
     from .teacher import load_teacher
     from .triton_config import check_against_onnx
 
@@ -160,30 +235,31 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     tokenizer = PromptTokenizer(loaded.tokenizer_file, max_length=max(buckets))
     bundle = build_scorer_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
     graph = ScorerGraph(loaded.model, bundle.yes_token_id, bundle.no_token_id).eval()
-    sequences = tokenizer.encode(parity_prompts(config.parity_prompts))
-
-    spec = scorer_triton_spec(
-        name=config.model_name,
-        max_batch_size=config.max_batch_size,
-        length_buckets=buckets,
-        max_queue_delay_us=config.max_queue_delay_us,
-        max_queue_size=config.max_queue_size,
-        default_timeout_us=config.default_timeout_us,
-        instance_count=config.instance_count,
-        intra_op_threads=config.intra_op_threads,
-        parameters={"source_model": loaded.name},
-    )
+    tokens = parity_tokens(tokenizer, config.parity_prompts, bundle.prompt_split)
+    spec = _scorer_spec(config, bundle, {"source_model": loaded.name})
     with tempfile.TemporaryDirectory(dir=cache_dir("export")) as tmp:
-        onnx_files, parity = export_checked_onnx(
-            graph,
-            Path(tmp) / "model.onnx",
-            sequences,
-            buckets,
-            opset=config.opset,
-            atol=config.parity_atol,
-            rtol=config.parity_rtol,
-            seconds=seconds,
-        )
+        path = Path(tmp) / "model.onnx"
+        if bundle.multi_item:
+            onnx_files, parity = export_checked_multi_item_onnx(
+                graph,
+                path,
+                [tokens],
+                bundle,
+                opset=config.opset,
+                atol=config.multi_item_parity_atol,
+                seconds=seconds,
+            )
+        else:
+            onnx_files, parity = export_checked_onnx(
+                graph,
+                path,
+                tokens.sequences(),
+                buckets,
+                opset=config.opset,
+                atol=config.parity_atol,
+                rtol=config.parity_rtol,
+                seconds=seconds,
+            )
         check_against_onnx(spec, onnx_files[0], extra_outputs=(bundle.tensors.compute_ms,))
         card = scorer_model_card(
             bundle,
@@ -204,3 +280,26 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
         )
         seconds["publish"] = time.perf_counter() - started
     return ExportResult(published.path, published.version, published.content_hash, parity, seconds)
+
+
+def _scorer_spec(config, bundle: ServingBundle, parameters: dict[str, str]):
+    """The Triton spec of a CPU scorer for ``bundle``'s layout (``config`` has the export's queue and
+    instance settings)."""
+    from .scorer_model import multi_item_scorer_triton_spec, scorer_triton_spec
+
+    common = {
+        "name": config.model_name,
+        "max_queue_delay_us": config.max_queue_delay_us,
+        "max_queue_size": config.max_queue_size,
+        "default_timeout_us": config.default_timeout_us,
+        "instance_count": config.instance_count,
+        "intra_op_threads": config.intra_op_threads,
+        "parameters": parameters,
+    }
+    if bundle.multi_item:
+        return multi_item_scorer_triton_spec(
+            max_members=bundle.max_batch_size, item_length_buckets=bundle.item_length_buckets, **common
+        )
+    return scorer_triton_spec(
+        max_batch_size=bundle.max_batch_size, length_buckets=bundle.length_buckets, **common
+    )

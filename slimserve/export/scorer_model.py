@@ -94,6 +94,72 @@ def scorer_triton_spec(
     )
 
 
+def multi_item_scorer_triton_spec(
+    name: str,
+    max_members: int,
+    item_length_buckets: tuple[int, ...],
+    max_queue_delay_us: int = 2000,
+    max_queue_size: int = 0,
+    default_timeout_us: int = 0,
+    instance_count: int = 1,
+    intra_op_threads: int | None = None,
+    parameters: Mapping[str, str] | None = None,
+    warmup_prefix: int = 96,
+    warmup_items: int = 8,
+) -> TritonModelSpec:
+    """Spec of the CPU multi-item scorer: per request one member's ``prefix_ids``/``prefix_mask`` [P]
+    and its candidates' ``item_ids``/``item_mask`` [N, L] in, ``score`` [N] and ``compute_ms`` out.
+
+    Every input allows ragged batches, so the dynamic batcher hands requests of different members
+    (different P, N, L) to one ``execute``, which stacks those of one item length into one ONNX Runtime
+    run. One zero-data warmup per item-length bucket (the graph accepts all-zero masks).
+    """
+    if max_members < 1:
+        raise ValueError(f"max_members must be >= 1, got {max_members}")
+    if not item_length_buckets or any(b < 1 for b in item_length_buckets):
+        raise ValueError(f"item_length_buckets must be positive lengths, got {item_length_buckets}")
+    names = TensorNames()
+    params = dict(parameters or {})
+    if intra_op_threads is not None:
+        params["intra_op_threads"] = str(intra_op_threads)
+    warmups = tuple(
+        WarmupSpec(
+            name=f"prefix{warmup_prefix}_items{warmup_items}_len{length}",
+            batch_size=1,
+            inputs={
+                names.prefix_ids: ("TYPE_INT64", (warmup_prefix,), "zero"),
+                names.prefix_mask: ("TYPE_INT64", (warmup_prefix,), "zero"),
+                names.item_ids: ("TYPE_INT64", (warmup_items, length), "zero"),
+                names.item_mask: ("TYPE_INT64", (warmup_items, length), "zero"),
+            },
+        )
+        for length in sorted(set(item_length_buckets))
+    )
+    return TritonModelSpec(
+        name=name,
+        backend="python",
+        max_batch_size=max_members,
+        inputs=(
+            TensorSpec(names.prefix_ids, "TYPE_INT64", (-1,), allow_ragged_batch=True),
+            TensorSpec(names.prefix_mask, "TYPE_INT64", (-1,), allow_ragged_batch=True),
+            TensorSpec(names.item_ids, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
+            TensorSpec(names.item_mask, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
+        ),
+        outputs=(
+            TensorSpec(names.score, "TYPE_FP32", (-1,)),
+            TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
+        ),
+        dynamic_batching=DynamicBatchingSpec(
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            default_timeout_us=default_timeout_us,
+        ),
+        instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
+        warmups=warmups,
+        parameters=params,
+    )
+
+
 def scorer_model_files(onnx_path: Path) -> dict[str, Path]:
     """Files of one scorer version: ``model.py``, ``model.onnx`` and the graph's external data files."""
     onnx_path = Path(onnx_path)

@@ -30,6 +30,9 @@ class TensorSpec:
     data_type: str  # a Triton DataType name: "TYPE_INT64", "TYPE_FP32", ...
     dims: tuple[int, ...]
     optional: bool = False  # inputs only: a request may omit it
+    # Inputs only: the dynamic batcher may put requests of different shapes in one execution (the
+    # model pads them itself); without it Triton only merges requests of equal shape.
+    allow_ragged_batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def _tensor(message, spec: TensorSpec, what: str) -> None:
     message.dims.extend(spec.dims)
     if spec.optional:
         message.optional = True
+    if spec.allow_ragged_batch:
+        message.allow_ragged_batch = True
 
 
 def to_model_config(spec: TritonModelSpec) -> ModelConfig:

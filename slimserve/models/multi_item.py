@@ -47,7 +47,7 @@ class MultiItemScorer(nn.Module):
             raise ValueError(
                 f"multi-item scoring supports {', '.join(SUPPORTED_MODEL_TYPES)} decoders, got {model_type!r}"
             )
-        self.graph = graph
+        self.scorer = graph  # not "graph": torch.export reserves that attribute name
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -55,11 +55,11 @@ class MultiItemScorer(nn.Module):
 
     @property
     def body(self) -> nn.Module:
-        return self.graph.body
+        return self.scorer.body
 
     @property
     def layers(self) -> nn.ModuleList:
-        return self.graph.body.layers
+        return self.scorer.body.layers
 
     # -- the public graph -------------------------------------------------------------------------
 
@@ -83,8 +83,8 @@ class MultiItemScorer(nn.Module):
     ) -> torch.Tensor:
         """(yes, no) logits [B, N, 2] at each item's last real token."""
         embed = self.body.embed_tokens
-        prefix_h, item_h = self.run_layers(
-            embed(prefix_ids), prefix_mask, embed(item_ids), item_mask, self.layers
+        _, item_h = self.run_layers(
+            embed(prefix_ids), prefix_mask, embed(item_ids), item_mask, self.layers, prefix_out=False
         )
         return self.head_logits(item_h, item_mask)
 
@@ -95,7 +95,7 @@ class MultiItemScorer(nn.Module):
         flat = item_h.reshape(batch * items, length, hidden)
         rows = torch.arange(batch * items, device=item_h.device)
         picked = self.body.norm(flat[rows, last])
-        logits = self.graph.label_head(picked) * self.graph.logit_scale
+        logits = self.scorer.label_head(picked) * self.scorer.logit_scale
         return logits.reshape(batch, items, 2)
 
     # -- layers -----------------------------------------------------------------------------------
@@ -107,8 +107,14 @@ class MultiItemScorer(nn.Module):
         item_h: torch.Tensor,
         item_mask: torch.Tensor,
         layers,
+        *,
+        prefix_out: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states of prefix [B, P, D] and items [B, N, L, D] after ``layers`` (no final norm)."""
+        """Hidden states of prefix [B, P, D] and items [B, N, L, D] after ``layers`` (no final norm).
+
+        ``prefix_out`` False skips what only the prefix's output needs (the last layer's prefix
+        attention output and MLP); the returned prefix states are then those before the last layer.
+        """
         batch, items, length, hidden = item_h.shape
         prefix_len = prefix_mask.sum(dim=-1)  # [B]
         positions = torch.arange(prefix_h.shape[1], device=prefix_h.device).unsqueeze(0)
@@ -121,8 +127,12 @@ class MultiItemScorer(nn.Module):
         item_rot = rotary(item_h, item_pos.reshape(batch * items, length))
         masks = self._masks(prefix_mask, length)
         flat_items = item_h.reshape(batch * items, length, hidden)
-        for layer in layers:
-            prefix_h, flat_items = self._layer(layer, prefix_h, flat_items, prefix_rot, item_rot, masks, items)
+        layers = list(layers)
+        for index, layer in enumerate(layers):
+            last = index == len(layers) - 1 and not prefix_out
+            prefix_h, flat_items = self._layer(
+                layer, prefix_h, flat_items, prefix_rot, item_rot, masks, items, update_prefix=not last
+            )
         return prefix_h, flat_items.reshape(batch, items, length, hidden)
 
     def _masks(self, prefix_mask: torch.Tensor, length: int):
@@ -154,22 +164,18 @@ class MultiItemScorer(nn.Module):
         group = self.heads // self.kv_heads
         return q.reshape(rows, self.kv_heads, group * seq, dim)
 
-    def _layer(self, layer, prefix_h, item_h, prefix_rot, item_rot, masks, items: int):
+    def _layer(self, layer, prefix_h, item_h, prefix_rot, item_rot, masks, items: int, update_prefix: bool):
         prefix_self, on_prefix, item_self = masks
         attn = layer.self_attn
         group = self.heads // self.kv_heads
-        batch, plen, hidden = prefix_h.shape
+        batch, plen, _ = prefix_h.shape
         rows, length, _ = item_h.shape
 
         # Prefix: ordinary causal self-attention.
         p_in = layer.input_layernorm(prefix_h)
         qp, kp, vp = self._project(attn, p_in, prefix_rot)
-        sp = torch.matmul(self._grouped(qp), kp.transpose(-1, -2)) * self.scaling
-        sp = sp.view(batch, self.kv_heads, group, plen, plen).reshape(batch, self.heads, plen, plen)
-        ap = torch.softmax(sp + prefix_self, dim=-1)
-        ap = ap.view(batch, self.kv_heads, group * plen, plen)
-        op = torch.matmul(ap, vp).view(batch, self.heads, plen, self.head_dim)
-        op = op.transpose(1, 2).reshape(batch, plen, self.heads * self.head_dim)
+        # The prefix's own keys and values are what the items need; its attention output only feeds
+        # the next layer.
 
         # Items: scores against the shared prefix keys and against their own keys, one softmax.
         i_in = layer.input_layernorm(item_h)
@@ -192,8 +198,13 @@ class MultiItemScorer(nn.Module):
         o_own = torch.matmul(a_own, vi).view(rows, self.heads, length, self.head_dim)
         oi = (o_pre + o_own).transpose(1, 2).reshape(rows, length, self.heads * self.head_dim)
 
-        prefix_h = prefix_h + attn.o_proj(op)
-        prefix_h = prefix_h + layer.mlp(layer.post_attention_layernorm(prefix_h))
+        if update_prefix:
+            sp = torch.matmul(self._grouped(qp), kp.transpose(-1, -2)) * self.scaling
+            ap = torch.softmax(sp.view(batch, self.heads, plen, plen) + prefix_self, dim=-1)
+            op = torch.matmul(ap.view(batch, self.kv_heads, group * plen, plen), vp)
+            op = op.view(batch, self.heads, plen, self.head_dim).transpose(1, 2)
+            prefix_h = prefix_h + attn.o_proj(op.reshape(batch, plen, self.heads * self.head_dim))
+            prefix_h = prefix_h + layer.mlp(layer.post_attention_layernorm(prefix_h))
         item_h = item_h + attn.o_proj(oi)
         item_h = item_h + layer.mlp(layer.post_attention_layernorm(item_h))
         return prefix_h, item_h

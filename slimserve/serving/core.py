@@ -15,9 +15,12 @@ from slimserve.bundle import BundleError
 from .health import ModelHealthWatcher
 
 
-def check_template_version(directory: Path, found: str, rendered: str) -> None:
-    """Refuse a bundle built with another prompt template than the one this service renders."""
-    if found != rendered:
+def check_template_version(
+    directory: Path, found: str, rendered: str, also_served: tuple[str, ...] = ()
+) -> None:
+    """Refuse a bundle built with another prompt template than the one this service renders (or one of
+    the older templates it still serves, ``also_served``)."""
+    if found != rendered and found not in also_served:
         raise BundleError(
             f"{directory}: the model was built with prompt template {found!r}, this service renders "
             f"{rendered!r}; rebuild or re-export the model, or run a matching slimserve version"

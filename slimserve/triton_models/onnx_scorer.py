@@ -5,10 +5,19 @@ Triton's python stub, possibly where slimserve is not installed, so it imports o
 and the standard library (plus ``triton_python_backend_utils``, which exists only inside Triton; the
 batching helpers below are pure functions that import and test without it).
 
-Each ``execute`` call runs ALL its requests as one ONNX Runtime batch: requests of different sequence
-lengths are right-padded (token 0, mask 0) to the longest, concatenated, scored once, and split back.
-Outputs per request: ``score`` [n, 1] FP32 and ``compute_ms`` [n, 1] FP32 (wall time of the batch's ORT
-run, the same on every row). A request with bad inputs gets an error response of its own.
+It serves either scoring graph, told apart by the graph's inputs:
+
+- single-sequence (``input_ids``, ``attention_mask`` [n, seq]): each ``execute`` runs ALL its requests
+  as one ONNX Runtime batch: requests of different sequence lengths are right-padded (token 0, mask 0)
+  to the longest, concatenated, scored once, and split back. Outputs per request: ``score`` [n, 1].
+- multi-item (``prefix_ids``, ``prefix_mask`` [m, P], ``item_ids``, ``item_mask`` [m, N, L]: m members,
+  each a prefix and its items): requests of one ``execute`` with the same item length are stacked into
+  one run (prefixes and item lists padded, masks 0), the rest run per item length. Outputs per request:
+  ``score`` [m, N].
+
+Both add ``compute_ms`` [rows, 1] FP32 (wall time of the ORT run the request was part of). A request with
+bad inputs gets an error response of its own; a run that fails is retried request by request, so one bad
+request (say a token id outside the vocabulary) does not fail the others.
 """
 
 import json
@@ -24,6 +33,12 @@ except ImportError:  # pragma: no cover - exercised outside Triton (unit tests)
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
+PREFIX_IDS = "prefix_ids"
+PREFIX_MASK = "prefix_mask"
+ITEM_IDS = "item_ids"
+ITEM_MASK = "item_mask"
+SINGLE_INPUTS = (INPUT_IDS, ATTENTION_MASK)
+MULTI_ITEM_INPUTS = (PREFIX_IDS, PREFIX_MASK, ITEM_IDS, ITEM_MASK)
 SCORE = "score"
 COMPUTE_MS = "compute_ms"
 DEFAULT_ONNX_FILE = "model.onnx"
@@ -74,6 +89,58 @@ def check_pair(input_ids, attention_mask):
         )
 
 
+def check_multi_item(tensors):
+    """Check one multi-item request's tensors (a tuple in ``MULTI_ITEM_INPUTS`` order)."""
+    for name, array in zip(MULTI_ITEM_INPUTS, tensors, strict=True):
+        if array is None:
+            raise RequestError(f"missing input {name!r}")
+        if array.dtype != np.int64:
+            raise RequestError(f"input {name!r} must be INT64, got {array.dtype}")
+    prefix_ids, prefix_mask, item_ids, item_mask = tensors
+    if prefix_ids.ndim != 2 or prefix_ids.shape[1] < 1:
+        raise RequestError(f"input {PREFIX_IDS!r} must be [members, prefix], got {list(prefix_ids.shape)}")
+    if item_ids.ndim != 3 or min(item_ids.shape) < 1:
+        raise RequestError(f"input {ITEM_IDS!r} must be [members, items, length], got {list(item_ids.shape)}")
+    for ids_name, mask_name, ids, mask in (
+        (PREFIX_IDS, PREFIX_MASK, prefix_ids, prefix_mask),
+        (ITEM_IDS, ITEM_MASK, item_ids, item_mask),
+    ):
+        if ids.shape != mask.shape:
+            raise RequestError(
+                f"{ids_name!r} shape {list(ids.shape)} != {mask_name!r} shape {list(mask.shape)}"
+            )
+    if prefix_ids.shape[0] != item_ids.shape[0]:
+        raise RequestError(
+            f"{PREFIX_IDS!r} has {prefix_ids.shape[0]} members, {ITEM_IDS!r} has {item_ids.shape[0]}"
+        )
+
+
+def stack_multi_item(requests):
+    """Stack multi-item requests into one run: prefixes padded to the longest, item lists to the most
+    items and the longest item (token 0, mask 0). Returns (the four arrays, members per request,
+    items per request)."""
+    if not requests:
+        raise ValueError("no requests to batch")
+    members = [r[0].shape[0] for r in requests]
+    items = [r[2].shape[1] for r in requests]
+    plen = max(r[0].shape[1] for r in requests)
+    count, length = max(items), max(r[2].shape[2] for r in requests)
+    total = sum(members)
+    prefix_ids = np.zeros((total, plen), dtype=np.int64)
+    prefix_mask = np.zeros((total, plen), dtype=np.int64)
+    item_ids = np.zeros((total, count, length), dtype=np.int64)
+    item_mask = np.zeros((total, count, length), dtype=np.int64)
+    start = 0
+    for (p_ids, p_mask, i_ids, i_mask), rows in zip(requests, members, strict=True):
+        end = start + rows
+        prefix_ids[start:end, : p_ids.shape[1]] = p_ids
+        prefix_mask[start:end, : p_mask.shape[1]] = p_mask
+        item_ids[start:end, : i_ids.shape[1], : i_ids.shape[2]] = i_ids
+        item_mask[start:end, : i_mask.shape[1], : i_mask.shape[2]] = i_mask
+        start = end
+    return (prefix_ids, prefix_mask, item_ids, item_mask), members, items
+
+
 def pad_and_concat(pairs):
     """Right-pad each (input_ids, attention_mask) pair to the longest sequence and stack them.
 
@@ -113,6 +180,8 @@ def as_scores(output, batch):
 class TritonPythonModel:
     """Triton python-backend entry point."""
 
+    multi_item = False  # set by ``initialize`` from the graph's inputs
+
     def initialize(self, args):
         import onnxruntime as ort
 
@@ -133,13 +202,16 @@ class TritonPythonModel:
         options.add_session_config_entry("session.intra_op.allow_spinning", str(spinning))
         self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
         graph_inputs = {i.name for i in self.session.get_inputs()}
-        unknown = graph_inputs - {INPUT_IDS, ATTENTION_MASK}
-        if unknown:
+        self.multi_item = graph_inputs == set(MULTI_ITEM_INPUTS)
+        unknown = graph_inputs - set(SINGLE_INPUTS)
+        if unknown and not self.multi_item:
             raise ValueError(f"{path}: graph needs inputs {sorted(unknown)} this model does not provide")
         self.feed_names = sorted(graph_inputs)
         pb_utils.Logger.log_info(
             f"onnx_scorer {args.get('model_name', '')} v{args['model_version']} instance "
-            f"{args.get('model_instance_name', '')}: {path}, intra_op_threads={threads}, inter_op_threads=1, allow_spinning={spinning}"
+            f"{args.get('model_instance_name', '')}: {path}, "
+            f"{'multi-item' if self.multi_item else 'single-sequence'} graph, "
+            f"intra_op_threads={threads}, inter_op_threads=1, allow_spinning={spinning}"
         )
 
     def _run(self, input_ids, attention_mask):
@@ -158,41 +230,66 @@ class TritonPythonModel:
             for piece in split_rows(scores, rows)
         ]
 
+    def _score_multi_item(self, requests):
+        """Score stacked multi-item requests in one ORT run; per-request (scores, compute_ms)."""
+        arrays, members, items = stack_multi_item(requests)
+        feed = dict(zip(MULTI_ITEM_INPUTS, arrays, strict=True))
+        start = time.perf_counter()
+        (output,) = self.session.run([SCORE], {name: feed[name] for name in self.feed_names})
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        scores = np.asarray(output, dtype=np.float32).reshape(sum(members), -1)
+        results = []
+        for piece, count in zip(split_rows(scores, members), items, strict=True):
+            results.append((piece[:, :count], np.full((piece.shape[0], 1), elapsed_ms, dtype=np.float32)))
+        return results
+
     def execute(self, requests):
+        names, check, score = (
+            (MULTI_ITEM_INPUTS, check_multi_item, self._score_multi_item)
+            if self.multi_item
+            else (SINGLE_INPUTS, lambda t: check_pair(*t), self._score)
+        )
         responses = [None] * len(requests)
-        pending = []  # (request index, (input_ids, attention_mask))
+        groups = {}  # run key -> [(request index, tensors)]
         for index, request in enumerate(requests):
             try:
-                pair = _read_pair(request)
-                check_pair(*pair)
+                tensors = _read_inputs(request, names)
+                check(tensors)
             except RequestError as exc:
                 responses[index] = _error_response(str(exc), invalid_argument=True)
                 continue
-            pending.append((index, pair))
-        if pending:
-            try:
-                results = self._score([pair for _, pair in pending])
-            except Exception as exc:
-                # One bad request (say a token id outside the vocabulary) must not fail the rest.
-                alone = len(pending) == 1
-                results = [exc] if alone else [self._score_alone(pair) for _, pair in pending]
-            for (index, _), result in zip(pending, results, strict=True):
+            # Multi-item requests of one item length share a run; single-sequence ones all do.
+            key = tensors[2].shape[2] if self.multi_item else 0
+            groups.setdefault(key, []).append((index, tensors))
+        for pending in groups.values():
+            for (index, _), result in zip(pending, _score_group(score, pending), strict=True):
                 responses[index] = _response(result)
         return responses
-
-    def _score_alone(self, pair):
-        try:
-            return self._score([pair])[0]
-        except Exception as exc:
-            return exc
 
     def finalize(self):
         self.session = None
 
 
-def _read_pair(request):
+def _score_group(score, pending):
+    """Results of one run over ``pending`` [(index, tensors)]; when the run fails, each request alone
+    (one bad request, say a token id outside the vocabulary, must not fail the rest)."""
+    try:
+        return score([tensors for _, tensors in pending])
+    except Exception as exc:
+        if len(pending) == 1:
+            return [exc]
+    results = []
+    for _, tensors in pending:
+        try:
+            results.append(score([tensors])[0])
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+def _read_inputs(request, names):
     tensors = []
-    for name in (INPUT_IDS, ATTENTION_MASK):
+    for name in names:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         tensors.append(None if tensor is None else tensor.as_numpy())
     return tuple(tensors)

@@ -1,9 +1,14 @@
 """Scoring core: rank candidates for a member with the Triton scoring model, on plain types only.
 
 Steps: validate, refuse at once if the model is not ready (UNAVAILABLE) or its bundle hash differs
-(FAILED_PRECONDITION), render prompts, tokenize, group by length bucket, cut each bucket into chunks of
-``triton_chunk_size``, pad each chunk to its bucket, send all chunks concurrently (the first failure
-cancels the rest and is raised), then rank by score (ties keep input order) and apply ``top_k``.
+(FAILED_PRECONDITION), render and tokenize as the bundle's template says (``slimserve.scoring_tokens``),
+build the Triton requests, send them concurrently (the first failure cancels the rest and is raised),
+then rank by score (ties keep input order) and apply ``top_k``.
+
+Requests follow the bundle's scoring mode. Multi-item: the member prefix once and the candidates as
+item suffixes padded to a length bucket, one request per ``max_items_per_request`` candidates (usually
+one per call). Single-sequence: one sequence per candidate, grouped by length bucket, cut into chunks
+of ``triton_chunk_size``, each padded to its bucket.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
+from slimserve.scoring_tokens import MultiItemRequest, encode_scoring, multi_item_requests
 from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
 
 from ..core import ServiceCore, check_template_version
@@ -41,11 +47,14 @@ DEADLINE_SLACK_S = 0.25
 
 @dataclass(frozen=True)
 class Chunk:
-    """One Triton request: which candidates (by input index) and their padded tensors."""
+    """One single-sequence Triton request: which candidates (by input index) and their padded tensors."""
 
     indices: tuple[int, ...]
     input_ids: np.ndarray
     attention_mask: np.ndarray
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.input_ids, self.attention_mask
 
 
 class ScoringCore(ServiceCore):
@@ -77,7 +86,12 @@ class ScoringCore(ServiceCore):
 
         directory = config.resolved_bundle_dir()
         bundle = load_bundle(directory)
-        check_template_version(directory, bundle.prompt_template_version, prompts.SCORING_TEMPLATE_VERSION)
+        check_template_version(
+            directory,
+            bundle.prompt_template_version,
+            prompts.SCORING_TEMPLATE_VERSION,
+            also_served=prompts.WHOLE_TEXT_TEMPLATES,
+        )
         tokenizer = PromptTokenizer(directory / TOKENIZER_FILE, bundle.max_length)
         for word, expected in (
             (prompts.YES_WORD, bundle.yes_token_id),
@@ -128,10 +142,17 @@ class ScoringCore(ServiceCore):
         total_ms = (time.perf_counter() - start) * 1e3
         return schema.ScoreResult(items, schema.ScoreTimings(queue_ms, inference_ms, total_ms))
 
-    def prepare(self, member: schema.Member, candidates: list[schema.Item]) -> list[Chunk]:
+    def prepare(
+        self, member: schema.Member, candidates: list[schema.Item]
+    ) -> list[Chunk] | list[MultiItemRequest]:
         """Render, tokenize, bucket and pad: the Triton requests of one Score call."""
-        texts = [prompts.render_scoring_prompt(member, item) for item in candidates]
-        sequences = self.tokenizer.encode(texts)
+        bundle = self.bundle
+        tokens = encode_scoring(self.tokenizer, member, candidates, bundle.prompt_split)
+        if bundle.multi_item:
+            return multi_item_requests(
+                tokens, bundle.item_length_buckets, bundle.max_items_per_request, self.tokenizer.pad_token_id
+            )
+        sequences = tokens.sequences()
         chunks = []
         for length, indices in sorted(group_by_bucket(sequences, self.bundle.length_buckets).items()):
             for begin in range(0, len(indices), self.chunk_size):
@@ -140,7 +161,7 @@ class ScoringCore(ServiceCore):
                 chunks.append(Chunk(part, ids, mask))
         return chunks
 
-    async def _infer_all(self, chunks: list[Chunk], timeout_s: float, request_id: str) -> list[InferResult]:
+    async def _infer_all(self, chunks: list, timeout_s: float, request_id: str) -> list[InferResult]:
         """Send every chunk at once; on the first failure cancel the others and raise it."""
         tasks = [asyncio.ensure_future(self._infer(chunk, timeout_s, request_id)) for chunk in chunks]
         try:
@@ -158,13 +179,12 @@ class ScoringCore(ServiceCore):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _infer(self, chunk: Chunk, timeout_s: float, request_id: str) -> InferResult:
+    async def _infer(self, chunk: Chunk | MultiItemRequest, timeout_s: float, request_id: str) -> InferResult:
         start = time.perf_counter()
         outcome = "ok"
+        infer = self.client.infer_multi_item if self.bundle.multi_item else self.client.infer_scores
         try:
-            result = await self.client.infer_scores(
-                chunk.input_ids, chunk.attention_mask, timeout_s=timeout_s, request_id=request_id
-            )
+            result = await infer(*chunk.arrays(), timeout_s=timeout_s, request_id=request_id)
         except ServingError as exc:
             outcome = exc.code.name
             if isinstance(exc, Unavailable):

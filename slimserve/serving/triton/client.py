@@ -237,12 +237,44 @@ class TritonScorerClient(TritonModelClient):
             raise ValueError(
                 f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must be equal [n, L]"
             )
+        names = self.tensors
+        arrays = {names.input_ids: input_ids, names.attention_mask: attention_mask}
+        return await self._infer(arrays, input_ids.shape[0], timeout_s, request_id)
+
+    async def infer_multi_item(
+        self,
+        prefix_ids: np.ndarray,
+        prefix_mask: np.ndarray,
+        item_ids: np.ndarray,
+        item_mask: np.ndarray,
+        *,
+        timeout_s: float | None = None,
+        request_id: str = "",
+    ) -> InferResult:
+        """Scores of one member's ``N`` items: prefix ``[1, P]`` and items ``[1, N, L]`` (ids and masks)."""
+        arrays = [
+            np.ascontiguousarray(a, dtype=np.int64) for a in (prefix_ids, prefix_mask, item_ids, item_mask)
+        ]
+        if arrays[0].ndim != 2 or arrays[2].ndim != 3 or arrays[0].shape[0] != 1 or arrays[2].shape[0] != 1:
+            raise ValueError(
+                f"prefix {arrays[0].shape} must be [1, P] and items {arrays[2].shape} [1, N, L] (one member)"
+            )
+        names = self.tensors
+        named = dict(
+            zip((names.prefix_ids, names.prefix_mask, names.item_ids, names.item_mask), arrays, strict=True)
+        )
+        return await self._infer(named, arrays[2].shape[1], timeout_s, request_id)
+
+    async def _infer(
+        self, arrays: dict[str, np.ndarray], expected: int, timeout_s: float | None, request_id: str
+    ) -> InferResult:
+        """One infer call with ``arrays`` as INT64 inputs, expecting ``expected`` scores."""
         if timeout_s is not None and timeout_s <= 0:
             raise DeadlineExceeded(f"infer on {self.model_name!r}: deadline already expired")
         start = time.perf_counter()
         names = self.tensors
         inputs = []
-        for name, array in ((names.input_ids, input_ids), (names.attention_mask, attention_mask)):
+        for name, array in arrays.items():
             tensor = InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
@@ -267,7 +299,7 @@ class TritonScorerClient(TritonModelClient):
             raise map_triton_error(exc, f"infer on {self.model_name!r}") from exc
         round_trip_ms = (time.perf_counter() - start) * 1e3
         scores = result.as_numpy(names.score)
-        if scores is None or scores.size != input_ids.shape[0]:
+        if scores is None or scores.size != expected:
             raise InternalError(f"infer on {self.model_name!r}: bad {names.score!r} output")
         compute_ms = None
         if len(outputs) > 1:
