@@ -27,6 +27,54 @@ def export_graph(model_lm, data: BuildData, recipe: Recipe, path: Path) -> Path:
     return files[0]
 
 
+def export_multi_item_graph(model_lm, data: BuildData, recipe: Recipe, path: Path) -> Path:
+    """FP32 ONNX of a causal LM's multi-item scoring graph, checked against the single-sequence PyTorch
+    graph on the first test members (at most 64 examples), requests laid out as the service sends them."""
+    from ..export.pipeline import export_checked_multi_item_onnx
+
+    graph = ScorerGraph(model_lm, *label_ids(data)).eval()
+    members, examples = [], 0
+    for group in data.groups["test"]:
+        if examples >= 64:
+            break
+        members.append(group)
+        examples += len(group)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files, _ = export_checked_multi_item_onnx(graph, path, members, recipe.publish)
+    return files[0]
+
+
+def onnx_multi_item_margin(onnx_path: Path, groups: list, count: int, layout) -> np.ndarray:
+    """Scores of a multi-item ONNX scorer for ``count`` examples given as member ``groups`` (each with
+    ``prefix``, ``items`` and ``indices``), requests laid out as the service sends them."""
+    from ..evaluation.throughput import scorer_session
+    from ..export.parity import multi_item_onnx_scores
+    from ..scoring_tokens import multi_item_requests
+
+    session, _ = scorer_session(onnx_path)
+    out = np.full(count, np.nan, dtype=np.float64)
+
+    def requests_of(group):
+        return multi_item_requests(group, layout.item_length_buckets, layout.max_items_per_request)
+
+    for group, scores in zip(groups, multi_item_onnx_scores(session, groups, requests_of), strict=True):
+        out[group.indices] = scores
+    return out
+
+
+def multi_item_calibration(data: BuildData, count: int, layout) -> list[dict[str, np.ndarray]]:
+    """Static INT8 calibration feeds of the multi-item graph: the first ``count`` training examples,
+    one member per feed."""
+    from ..export.parity import MULTI_ITEM_INPUTS
+    from ..scoring_tokens import multi_item_requests
+
+    feeds = []
+    for group in data.calibration_groups(count):
+        for request in multi_item_requests(group, layout.item_length_buckets, layout.max_items_per_request):
+            feeds.append(dict(zip(MULTI_ITEM_INPUTS, request.arrays(), strict=True)))
+    return feeds
+
+
 def onnx_logits_margin(onnx_path: Path, sequences: list[list[int]], buckets) -> np.ndarray:
     """Scores (margins) of an ONNX scorer on sequences, padded to buckets as the service does."""
     from ..evaluation.throughput import scorer_session
@@ -51,16 +99,29 @@ def _speed(row: StageRow, onnx_path: Path, data: BuildData, recipe: Recipe) -> N
     row.file_mb = model_bytes(onnx_path) / 1e6
 
 
-def run_int8(
-    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
-):
-    """Quantize the final student; returns (int8 row, chosen INT8 graph). Adds speed to earlier rows."""
+def _quantize(method: str, fp32: Path, target: Path, calibration, settings) -> None:
     from ..compression.quantize import (
-        calibration_batches,
         quantize_scorer_dynamic,
         quantize_scorer_static,
         quantize_scorer_weight_only,
     )
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if method == "static":
+        quantize_scorer_static(fp32, target, calibration(), per_channel=settings.per_channel)
+    elif method == "weight-only":
+        quantize_scorer_weight_only(fp32, target, block_size=settings.block_size)
+    else:
+        quantize_scorer_dynamic(fp32, target, per_channel=settings.per_channel)
+
+
+def run_int8(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
+) -> tuple[list[StageRow], Path]:
+    """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). Adds speed
+    to earlier rows. With ``publish.scoring_mode: multi_item`` the chosen method is also applied to the
+    multi-item graph, checked against the single-sequence INT8 graph, and that graph is published."""
+    from ..compression.quantize import calibration_batches
 
     buckets = recipe.publish.length_buckets
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
@@ -79,44 +140,79 @@ def run_int8(
     candidates = []
     for method in methods:
         target = out / f"int8_{method}" / "model.onnx"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if method == "static":
-            calibration = calibration_batches(data.calibration(recipe.data.calibration_examples), buckets)
-            quantize_scorer_static(fp32, target, calibration, per_channel=settings.per_channel)
-        elif method == "weight-only":
-            quantize_scorer_weight_only(fp32, target, block_size=settings.block_size)
-        else:
-            quantize_scorer_dynamic(fp32, target, per_channel=settings.per_channel)
+        _quantize(
+            method,
+            fp32,
+            target,
+            lambda: calibration_batches(data.calibration(recipe.data.calibration_examples), buckets),
+            settings,
+        )
         margin = onnx_logits_margin(target, data.sequences["test"], buckets)
         row = evaluate_scores(f"INT8 ({method})", margin, data, teacher_test)
         row.parameters, row.embedding_parameters = artifacts.parameter_counts(student_lm)
         row.retention = row.test_auc / teacher_auc
-        candidates.append((row, target))
+        candidates.append((row, target, method, margin))
         if row.retention >= recipe.gates.int8:
             break
         log.warning("INT8 %s: retention %.4f below the gate %.4f", method, row.retention, recipe.gates.int8)
-    row, chosen = max(candidates, key=lambda c: c[0].test_auc)
+    row, chosen, method, margin = max(candidates, key=lambda c: c[0].test_auc)
     _speed(row, chosen, data, recipe)
-    return row, chosen
+    if recipe.publish.scoring_mode != "multi_item":
+        return [row], chosen
+    multi_row, multi_path = _multi_item_int8(recipe, data, student_lm, method, row, margin, out, teacher_test)
+    return [row, multi_row], multi_path
+
+
+def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin, out, teacher_test):
+    """The multi-item INT8 graph made with the single-sequence graph's chosen ``method``; its row
+    notes the Spearman correlation and AUC gap to the single-sequence INT8 scores."""
+    from ..errors import BuildError
+    from ..evaluation.metrics import spearman
+    from ..evaluation.throughput import measure_multi_item_speed
+
+    layout = recipe.publish
+    fp32 = export_multi_item_graph(student_lm, data, recipe, out / "multi_item_fp32" / "model.onnx")
+    target = out / f"multi_item_int8_{method}" / "model.onnx"
+    _quantize(
+        method,
+        fp32,
+        target,
+        lambda: multi_item_calibration(data, recipe.data.calibration_examples, layout),
+        recipe.quantize,
+    )
+    margin = onnx_multi_item_margin(target, data.groups["test"], len(data.sequences["test"]), layout)
+    row = evaluate_scores(f"INT8 multi-item ({method})", margin, data, teacher_test)
+    row.parameters, row.embedding_parameters = single_row.parameters, single_row.embedding_parameters
+    row.retention = single_row.retention * row.test_auc / single_row.test_auc
+    correlation, gap = spearman(single_margin, margin), abs(row.test_auc - single_row.test_auc)
+    row.notes = {"spearman_vs_single_int8": correlation, "auc_gap_vs_single_int8": gap}
+    speed = measure_multi_item_speed(
+        target, data.groups["test"][:64], layout.item_length_buckets, seconds=recipe.speed_seconds
+    )
+    row.items_per_s_batch32, row.single_item_ms = speed.items_per_s_batch32, speed.single_item_latency_ms_p50
+    row.file_mb = single_row.file_mb
+    log.info("multi-item INT8 vs single-sequence INT8: spearman %.5f, AUC gap %.5f", correlation, gap)
+    gates = recipe.gates
+    if correlation < gates.multi_item_spearman or (
+        gates.multi_item_auc_gap is not None and gap > gates.multi_item_auc_gap
+    ):
+        raise BuildError(
+            f"multi-item INT8 graph: Spearman {correlation:.4f} with the single-sequence INT8 scores (gate "
+            f">= {gates.multi_item_spearman}), test AUC gap {gap:.4f} (gate <= {gates.multi_item_auc_gap}); "
+            "nothing was published"
+        )
+    return row, target
 
 
 def publish(recipe: Recipe, data: BuildData, onnx_path: Path, tokenizer_file: Path, card: str, source: str):
     """Publish the INT8 student as the scorer (atomic), with bundle and model card."""
-    from ..export.pipeline import build_scorer_bundle
+    from ..export.pipeline import build_scorer_bundle, scorer_spec
     from ..export.repository import publish_version
-    from ..export.scorer_model import scorer_model_files, scorer_triton_spec
+    from ..export.scorer_model import scorer_model_files
 
     settings = recipe.publish
     bundle = build_scorer_bundle(settings, data.tokenizer, tokenizer_file, source)
-    spec = scorer_triton_spec(
-        name=settings.model_name,
-        max_batch_size=settings.max_batch_size,
-        length_buckets=tuple(sorted(settings.length_buckets)),
-        max_queue_delay_us=settings.max_queue_delay_us,
-        max_queue_size=settings.max_queue_size,
-        default_timeout_us=settings.default_timeout_us,
-        parameters={"source_model": source},
-    )
+    spec = scorer_spec(settings, bundle, {"source_model": source})
     return publish_version(
         settings.model_repository,
         spec,

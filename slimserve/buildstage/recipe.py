@@ -93,6 +93,17 @@ class GateSettings(_Strict):
     distilled: float = Field(0.95, ge=0, description="Distilled student")
     pruned_redistilled: float = Field(0.97, ge=0, description="Pruned and re-distilled student")
     int8: float = Field(0.985, ge=0, description="INT8 student (the published model)")
+    multi_item_spearman: float = Field(
+        0.99,
+        ge=0,
+        le=1,
+        description="Multi-item INT8: least Spearman correlation with the single-sequence INT8 scores",
+    )
+    multi_item_auc_gap: float | None = Field(
+        0.002,
+        ge=0,
+        description="Multi-item INT8: largest test AUC difference to the single-sequence INT8 graph (null: off)",
+    )
 
 
 class PublishSettings(ScoringLayout, _Strict):

@@ -167,17 +167,18 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
     chosen: dict[str, Path] = {}
 
     def int8(out: Path) -> list[StageRow]:
-        row, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
+        int8_rows, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
         chosen["path"] = path
         (out / "chosen.json").write_text(json.dumps({"path": str(path)}) + "\n")
         artifacts.save_rows(out, rows, "earlier_rows.json")  # they gained speed and size figures
-        return [row]
+        return int8_rows
 
     int8_rows = timed("int8", int8)
     if "path" not in chosen:
         chosen["path"] = Path(json.loads((work / "int8" / "chosen.json").read_text())["path"])
     rows = artifacts.load_rows(work / "int8", "earlier_rows.json")
-    _gate(int8_rows[0], recipe.gates.int8, teacher_auc)
+    for row in int8_rows:  # the single-sequence INT8 graph and, multi-item, the published one
+        _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
     return _report_and_publish(
         recipe,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from ..export.parity import padded_batches
 log = logging.getLogger(__name__)
 
 INPUT_NAMES = ("input_ids", "attention_mask")
-LABEL_HEAD_PREFIX = "label_head."  # initializer names of ScorerGraph.label_head
+LABEL_HEAD = "label_head."  # in the initializer names of ScorerGraph.label_head (any module path above)
 DEFAULT_OP_TYPES = ("MatMul",)
 # Above this (graph plus weights), tensors are written to ``<name>.data`` (protobuf's 2 GiB limit, with margin).
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -40,7 +40,9 @@ CALIBRATE_METHODS = ("MinMax", "Percentile", "Entropy")
 # all activations stay in memory until the end (use few prompts with these on a real model).
 HISTOGRAM_METHODS = ("Percentile", "Entropy")
 
-Batch = tuple[np.ndarray, np.ndarray]
+# A calibration batch: (input_ids, attention_mask) of the single-sequence graph, or the named inputs of
+# any scorer graph (the multi-item graph's prefix_ids, prefix_mask, item_ids, item_mask).
+Batch = tuple[np.ndarray, np.ndarray] | Mapping[str, np.ndarray]
 
 
 class QuantizeError(BuildError):
@@ -95,7 +97,7 @@ class _BatchReader:
     """A ``CalibrationDataReader`` over in-memory batches (rewindable: Percentile/Entropy read twice)."""
 
     def __init__(self, batches: Iterable[Batch]):
-        self._batches = [dict(zip(INPUT_NAMES, _check_batch(b), strict=True)) for b in batches]
+        self._batches = [_feed(b) for b in batches]
         self._position = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -111,7 +113,14 @@ class _BatchReader:
         return len(self._batches)
 
 
-def _check_batch(batch: Batch) -> Batch:
+def _feed(batch: Batch) -> dict[str, np.ndarray]:
+    """A calibration batch as ONNX Runtime's feed (name -> INT64 array)."""
+    if isinstance(batch, Mapping):
+        return {name: np.asarray(array, dtype=np.int64) for name, array in batch.items()}
+    return dict(zip(INPUT_NAMES, _check_batch(batch), strict=True))
+
+
+def _check_batch(batch: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     ids, mask = (np.asarray(a, dtype=np.int64) for a in batch)
     if ids.ndim != 2 or ids.shape != mask.shape:
         raise QuantizeError(
@@ -156,7 +165,7 @@ def nodes_to_keep_float(
     widest = max((dims[0] for dims in weight_dims.values()), default=None)
     keep = []
     for node in graph.node:
-        if any(name.startswith(LABEL_HEAD_PREFIX) for name in node.input):
+        if any(name.startswith(LABEL_HEAD) or f".{LABEL_HEAD}" in name for name in node.input):
             # The dynamic quantizer rewrites Gemm as MatMul named "<gemm>_MatMul" before quantizing.
             keep += [node.name, f"{node.name}_MatMul"]
         elif node.op_type not in op_types:

@@ -53,9 +53,11 @@ def scorer_session(onnx_path: Path, threads: int | None = None):
     return session, threads
 
 
-def _timed_runs(session, feeds: list[dict], seconds: float, max_runs: int) -> list[tuple[int, float]]:
-    """Warm up once per input shape, then cycle through the feeds: (rows, seconds) per run."""
-    for feed in {f["input_ids"].shape: f for f in feeds}.values():
+def _timed_runs(
+    session, feeds: list[dict], seconds: float, max_runs: int, items=lambda f: len(f["input_ids"])
+) -> list[tuple[int, float]]:
+    """Warm up once per input shape, then cycle through the feeds: (items scored, seconds) per run."""
+    for feed in {tuple(a.shape for a in f.values()): f for f in feeds}.values():
         session.run(None, feed)
     timings: list[tuple[int, float]] = []
     deadline = time.perf_counter() + seconds
@@ -63,8 +65,63 @@ def _timed_runs(session, feeds: list[dict], seconds: float, max_runs: int) -> li
         feed = feeds[len(timings) % len(feeds)]
         started = time.perf_counter()
         session.run(None, feed)
-        timings.append((len(feed["input_ids"]), time.perf_counter() - started))
+        timings.append((items(feed), time.perf_counter() - started))
     return timings
+
+
+def _speed_result(batch_timings, single_timings, threads: int, batch_size: int) -> SpeedResult:
+    items = sum(rows for rows, _ in batch_timings)
+    elapsed = sum(t for _, t in batch_timings)
+    latencies_ms = np.array([t for _, t in single_timings]) * 1000.0
+    return SpeedResult(
+        items_per_s_batch32=items / elapsed,
+        single_item_latency_ms_p50=float(np.percentile(latencies_ms, 50)),
+        single_item_latency_ms_p99=float(np.percentile(latencies_ms, 99)),
+        threads=threads,
+        batch_size=batch_size,
+        batch_runs=len(batch_timings),
+        single_runs=len(single_timings),
+    )
+
+
+def multi_item_feeds(members: Sequence, count: int, item_buckets: Sequence[int]) -> list[dict]:
+    """One feed per member: its prefix and ``count`` of its items (cycled when it has fewer), padded as
+    the service pads a call (``members`` have ``prefix`` and ``items`` token lists)."""
+    from ..scoring_tokens import ScoringTokens, multi_item_requests
+
+    feeds = []
+    for member in members:
+        items = [member.items[i % len(member.items)] for i in range(count)]
+        (request,) = multi_item_requests(ScoringTokens(member.prefix, items), item_buckets, count)
+        names = ("prefix_ids", "prefix_mask", "item_ids", "item_mask")
+        feeds.append(dict(zip(names, request.arrays(), strict=True)))
+    return feeds
+
+
+def measure_multi_item_speed(
+    onnx_path: Path,
+    members: Sequence,
+    item_buckets: Sequence[int],
+    *,
+    batch_size: int = 32,
+    threads: int | None = None,
+    seconds: float = 10.0,
+    max_runs: int = MAX_RUNS,
+) -> SpeedResult:
+    """The multi-item graph's items/s with ``batch_size`` candidates per call (one member) and its
+    one-candidate latency, each phase taking ~``seconds``/2."""
+    if not members:
+        raise ValueError("measure_multi_item_speed needs at least one member")
+    session, threads = scorer_session(onnx_path, threads)
+
+    def items(feed):
+        return feed["item_ids"].shape[1]
+
+    batch = _timed_runs(
+        session, multi_item_feeds(members, batch_size, item_buckets), seconds / 2, max_runs, items
+    )
+    single = _timed_runs(session, multi_item_feeds(members, 1, item_buckets), seconds / 2, max_runs, items)
+    return _speed_result(batch, single, threads, batch_size)
 
 
 def measure_onnx_speed(
@@ -96,17 +153,5 @@ def measure_onnx_speed(
     batches = feeds(batch_size)
     full = [f for f in batches if len(f["input_ids"]) == batch_size] or batches
     batch_timings = _timed_runs(session, full, seconds / 2, max_runs)
-    items = sum(rows for rows, _ in batch_timings)
-    elapsed = sum(t for _, t in batch_timings)
-
     single_timings = _timed_runs(session, feeds(1), seconds / 2, max_runs)
-    latencies_ms = np.array([t for _, t in single_timings]) * 1000.0
-    return SpeedResult(
-        items_per_s_batch32=items / elapsed,
-        single_item_latency_ms_p50=float(np.percentile(latencies_ms, 50)),
-        single_item_latency_ms_p99=float(np.percentile(latencies_ms, 99)),
-        threads=threads,
-        batch_size=batch_size,
-        batch_runs=len(batch_timings),
-        single_runs=len(single_timings),
-    )
+    return _speed_result(batch_timings, single_timings, threads, batch_size)

@@ -78,20 +78,22 @@ def single_sequence_scores(graph, sequences: list[list[int]], buckets, batch_siz
     return out
 
 
-def multi_item_onnx_scores(session, tokens: list, requests_of) -> np.ndarray:
-    """ONNX Runtime scores of a multi-item graph: each member's candidates as ``requests_of(tokens)``
-    gives them (the service's requests), concatenated in member order."""
+MULTI_ITEM_INPUTS = ("prefix_ids", "prefix_mask", "item_ids", "item_mask")
+
+
+def multi_item_onnx_scores(session, members: list, requests_of) -> list[np.ndarray]:
+    """ONNX Runtime scores of a multi-item graph, one array per member (``members`` have ``prefix`` and
+    ``items``), each member's candidates sent as ``requests_of(member)`` gives them (the service's
+    requests)."""
     names = [i.name for i in session.get_inputs()]
     scores = []
-    for member in tokens:
+    for member in members:
         out = np.zeros(len(member.items), dtype=np.float64)
         for request in requests_of(member):
-            feed = dict(
-                zip(("prefix_ids", "prefix_mask", "item_ids", "item_mask"), request.arrays(), strict=True)
-            )
+            feed = dict(zip(MULTI_ITEM_INPUTS, request.arrays(), strict=True))
             out[list(request.indices)] = session.run(None, {n: feed[n] for n in names})[0][0]
         scores.append(out)
-    return np.concatenate(scores)
+    return scores
 
 
 def check_multi_item_parity(
@@ -102,7 +104,7 @@ def check_multi_item_parity(
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    sequences = [seq for member in tokens for seq in member.sequences()]
+    sequences = [member.prefix + item for member in tokens for item in member.items]
     reference = single_sequence_scores(graph, sequences, buckets)
-    candidate = multi_item_onnx_scores(session, tokens, requests_of)
+    candidate = np.concatenate(multi_item_onnx_scores(session, tokens, requests_of))
     return compare_scores(reference, candidate, atol, rtol)

@@ -178,8 +178,8 @@ def _raise_on_failed_parity(parity: ParityReport, what: str) -> None:
 def export_checked_multi_item_onnx(
     graph,
     path: Path,
-    tokens: list[ScoringTokens],
-    bundle: ServingBundle,
+    tokens: list,
+    layout,
     *,
     opset: int = 18,
     atol: float = 1e-4,
@@ -187,8 +187,10 @@ def export_checked_multi_item_onnx(
     seconds: dict[str, float] | None = None,
 ) -> tuple[list[Path], ParityReport]:
     """Export ``graph`` (a ``ScorerGraph``) as the multi-item scoring graph and check it against the
-    single-sequence PyTorch graph on ``tokens`` (requests as the service sends them); raise
-    ``ExportError`` when parity breaks. Returns the files written and the report."""
+    single-sequence PyTorch graph on ``tokens`` (members with ``prefix`` and ``items``), sent as the
+    service sends them under ``layout`` (a bundle or settings with ``item_length_buckets``,
+    ``max_items_per_request`` and ``length_buckets``); raise ``ExportError`` when parity breaks.
+    Returns the files written and the report."""
     import torch
 
     from ..models.multi_item import MultiItemScorer
@@ -208,8 +210,8 @@ def export_checked_multi_item_onnx(
         graph,
         files[0],
         tokens,
-        lambda t: multi_item_requests(t, bundle.item_length_buckets, bundle.max_items_per_request),
-        bundle.length_buckets,
+        lambda t: multi_item_requests(t, layout.item_length_buckets, layout.max_items_per_request),
+        layout.length_buckets,
         atol,
         rtol,
     )
@@ -236,7 +238,7 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     bundle = build_scorer_bundle(config, tokenizer, loaded.tokenizer_file, loaded.name)
     graph = ScorerGraph(loaded.model, bundle.yes_token_id, bundle.no_token_id).eval()
     tokens = parity_tokens(tokenizer, config.parity_prompts, bundle.prompt_split)
-    spec = _scorer_spec(config, bundle, {"source_model": loaded.name})
+    spec = scorer_spec(config, bundle, {"source_model": loaded.name})
     with tempfile.TemporaryDirectory(dir=cache_dir("export")) as tmp:
         path = Path(tmp) / "model.onnx"
         if bundle.multi_item:
@@ -282,9 +284,9 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     return ExportResult(published.path, published.version, published.content_hash, parity, seconds)
 
 
-def _scorer_spec(config, bundle: ServingBundle, parameters: dict[str, str]):
-    """The Triton spec of a CPU scorer for ``bundle``'s layout (``config`` has the export's queue and
-    instance settings)."""
+def scorer_spec(config, bundle: ServingBundle, parameters: dict[str, str]):
+    """The Triton spec of a CPU scorer for ``bundle``'s layout (``config``: the export's or a recipe's
+    publish settings: name, queue and, where set, instance settings)."""
     from .scorer_model import multi_item_scorer_triton_spec, scorer_triton_spec
 
     common = {
@@ -292,8 +294,8 @@ def _scorer_spec(config, bundle: ServingBundle, parameters: dict[str, str]):
         "max_queue_delay_us": config.max_queue_delay_us,
         "max_queue_size": config.max_queue_size,
         "default_timeout_us": config.default_timeout_us,
-        "instance_count": config.instance_count,
-        "intra_op_threads": config.intra_op_threads,
+        "instance_count": getattr(config, "instance_count", 1),
+        "intra_op_threads": getattr(config, "intra_op_threads", None),
         "parameters": parameters,
     }
     if bundle.multi_item:
