@@ -325,6 +325,58 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- layouts -------------------------------------------------------------------------------------------
+def _add_layouts(kinds) -> None:
+    parser = kinds.add_parser(
+        "layouts",
+        help="multi-item vs single-sequence scoring of the same student: floors and served, side by side",
+    )
+    parser.add_argument(
+        "--build-dir", type=Path, required=True, help="a multi-item build's work directory (its INT8 graphs)"
+    )
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the bundle")
+    parser.add_argument("--model-name", default="scorer", help="model whose serving bundle is used")
+    parser.add_argument(
+        "--candidates", type=_numbers(int), default=(1, 10, 50, 200), help="candidates per Score call"
+    )
+    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 2, 4), help="closed-loop levels")
+    parser.add_argument(
+        "--requests", type=int, default=16, help="distinct calls (members) per candidate count"
+    )
+    parser.add_argument("--floor-seconds", type=float, default=4.0, help="seconds per in-process floor")
+    parser.add_argument("--max-requests", type=int, default=200, help="most calls per load level")
+    parser.add_argument("--max-seconds", type=float, default=8.0, help="most seconds per load level")
+    parser.add_argument("--dataset", type=Path, help="dataset directory (default: the build's)")
+    parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    parser.set_defaults(handler=_run_layouts)
+
+
+def _run_layouts(args: argparse.Namespace) -> int:
+    from ..bundle import bundle_dir_for
+    from .layouts import LayoutSettings, format_layouts, graphs_from_build, run_layouts
+
+    dataset = args.dataset
+    if dataset is None and (args.build_dir / "data" / "dataset").is_dir():
+        dataset = args.build_dir / "data" / "dataset"
+    try:
+        graphs = graphs_from_build(args.build_dir)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+    settings = LayoutSettings(
+        candidates=args.candidates,
+        concurrencies=args.concurrency,
+        requests=args.requests,
+        floor_seconds=args.floor_seconds,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+    )
+    result = run_layouts(bundle_dir_for(args.model_repository, args.model_name), graphs, dataset, settings)
+    print(format_layouts(result))
+    print(f"command: {_command_line()}")
+    _write_json(args.json, {"command": _command_line(), **result.as_dict()})
+    return 0
+
+
 # -- generators ----------------------------------------------------------------------------------------
 def _add_generators(kinds) -> None:
     parser = kinds.add_parser(
@@ -379,8 +431,16 @@ def _run_generators(args: argparse.Namespace) -> int:
 
 
 def add_bench_commands(subparsers) -> None:
-    """``slimserve bench {latency,triton,grpc,compare,report,generators}``."""
+    """``slimserve bench {latency,triton,grpc,compare,report,layouts,generators}``."""
     parser = subparsers.add_parser("bench", help="benchmarks: perf_analyzer, gRPC load, comparison, report")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for add in (_add_latency, _add_triton, _add_grpc, _add_compare, _add_report, _add_generators):
+    for add in (
+        _add_latency,
+        _add_triton,
+        _add_grpc,
+        _add_compare,
+        _add_report,
+        _add_layouts,
+        _add_generators,
+    ):
         add(kinds)

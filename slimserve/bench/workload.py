@@ -9,12 +9,12 @@ synthetic one is generated in memory (the generator of ``slimserve data synth``)
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bundle import TOKENIZER_FILE, load_bundle
-from ..prompts import render_scoring_prompt
 from ..schema import Item, Member
+from ..scoring_tokens import ScoringTokens, encode_scoring
 from ..tokenization import PromptTokenizer, group_by_bucket
 
 
@@ -34,6 +34,7 @@ class Workload:
     sequences: list[list[int]]
     buckets: tuple[int, ...]
     source: str
+    tokens: list[ScoringTokens] = field(default_factory=list)  # per call: prefix and item suffixes
 
     @property
     def items(self) -> int:
@@ -116,9 +117,11 @@ def load_workload(
     split: str = "test",
     seed: int = 0,
 ) -> Workload:
-    """Real scoring requests tokenized with the bundle's tokenizer, maximum length and buckets."""
+    """Real scoring requests tokenized as the bundle's template says (its tokenizer, split and buckets);
+    ``sequences`` are every candidate's single-sequence input, ``tokens`` each call's prefix and items."""
     bundle = load_bundle(Path(bundle_dir))
     tokenizer = PromptTokenizer(Path(bundle_dir) / TOKENIZER_FILE, bundle.max_length)
     calls, source = load_calls(dataset_dir, requests=requests, candidates=candidates, split=split, seed=seed)
-    texts = [render_scoring_prompt(call.member, item) for call in calls for item in call.items]
-    return Workload(calls, tokenizer.encode(texts), tuple(sorted(bundle.length_buckets)), source)
+    tokens = [encode_scoring(tokenizer, call.member, call.items, bundle.prompt_split) for call in calls]
+    sequences = [seq for call in tokens for seq in call.sequences()]
+    return Workload(calls, sequences, tuple(sorted(bundle.length_buckets)), source, tokens)
