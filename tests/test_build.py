@@ -18,6 +18,7 @@ EXPECTED_STAGES = [
     "teacher fine-tuned",
     "student distilled",
     "pruned (osscar)",
+    "pruned (magnitude+refit)",
     "pruned (magnitude)",
     "pruned + re-distilled",
 ]

@@ -296,3 +296,18 @@ def test_prune_model_calibrates_on_multi_item_batches(tiny):
     model, report = prune_model(tiny, batches, PruneConfig(mlp_keep=48, heads_per_kv_group=1, layers_keep=3))
     assert (model.config.num_hidden_layers, model.config.intermediate_size) == (3, 48)
     assert all(0 <= r.error <= r.magnitude_refit_error + 1e-9 for r in report.mlp)
+
+
+def test_magnitude_with_refit_keeps_the_magnitude_choice_and_refits_like_osscar(tiny):
+    sizes = {"mlp_keep": 48, "heads_per_kv_group": 1}
+    _, plain = prune_model(tiny, _batches(2), PruneConfig(method="magnitude", **sizes))
+    model, report = prune_model(tiny, _batches(2), PruneConfig(method="magnitude+refit", **sizes))
+    _, searched = prune_model(tiny, _batches(2), PruneConfig(method="osscar", **sizes))
+    assert (model.config.intermediate_size, model.config.num_attention_heads) == (48, 2)
+    assert report.method == "magnitude+refit"
+    for refit, magnitude in zip(report.heads + report.mlp, plain.heads + plain.mlp, strict=True):
+        assert refit.kept == magnitude.kept and refit.greedy_error is None and refit.swaps == 0
+        assert refit.error == refit.magnitude_refit_error
+    # The first layer's heads see the same inputs in all three (later units follow each method's weights).
+    assert report.heads[0].error <= plain.heads[0].error
+    assert searched.heads[0].error <= report.heads[0].error * (1 + 1e-9)

@@ -72,7 +72,9 @@ class PruneSettings(_Strict):
 
     mlp_keep: int | None = Field(768, ge=1, description="MLP neurons kept per layer (uniform)")
     heads_per_kv_group: int | None = Field(2, ge=1, description="Query heads kept per KV group (uniform)")
-    compare_magnitude: bool = Field(True, description="Also evaluate magnitude pruning of the same size")
+    compare_magnitude: bool = Field(
+        True, description="Also evaluate magnitude pruning of the same size, with and without the re-fit"
+    )
     redistill: DistillSettings = Field(default_factory=DistillSettings)
 
 

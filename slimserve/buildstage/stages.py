@@ -140,12 +140,14 @@ def run_distill(recipe: Recipe, data: BuildData, teacher_dir: Path, out: Path) -
 def run_prune(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path
 ) -> list[StageRow]:
-    """OSSCAR-style pruning of the distilled student (and magnitude pruning of the same size)."""
+    """OSSCAR-style pruning of the distilled student; with ``compare_magnitude``, the baselines of the
+    same size beside it: magnitude with the same closed-form re-fit of the kept weights (the fair one:
+    only the choice of units differs) and plain magnitude (original weights)."""
     settings = recipe.prune
     sizes = {"mlp_keep": settings.mlp_keep, "heads_per_kv_group": settings.heads_per_kv_group}
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
     rows = []
-    variants = ["osscar", "magnitude"] if settings.compare_magnitude else ["osscar"]
+    variants = ["osscar", "magnitude+refit", "magnitude"] if settings.compare_magnitude else ["osscar"]
     for method in variants:
         student_lm = artifacts.load_causal_lm(student_dir / "model")
         pruned, _ = _prune(student_lm, data, recipe, method=method, **sizes)

@@ -11,7 +11,10 @@ and engine builder accepts it. Steps, each on calibration statistics of the curr
 
 ``method="magnitude"`` is the baseline at the same sizes: neurons/heads with the largest weight norms
 (L2 norm of all weights attached to the neuron, or of the head's ``q_proj`` rows and ``o_proj``
-columns), original weights kept. Layers are chosen by measured importance in both methods.
+columns), original weights kept. ``method="magnitude+refit"`` is the fair baseline: the same magnitude
+choice, then ``down_proj`` (``o_proj``) re-fitted in closed form exactly as OSSCAR re-fits its own
+choice, so the two differ only in which units they keep. Layers are chosen by measured importance in
+every method.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from .surgery import (
 
 log = logging.getLogger(__name__)
 
-Method = Literal["osscar", "magnitude"]
+Method = Literal["osscar", "magnitude", "magnitude+refit"]
+METHODS = ("osscar", "magnitude", "magnitude+refit")
 
 
 @dataclass
@@ -60,8 +64,8 @@ class PruneConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
-        if self.method not in ("osscar", "magnitude"):
-            raise ValueError(f"method must be 'osscar' or 'magnitude', got {self.method!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.ridge < 0:
             raise ValueError(f"ridge must be >= 0, got {self.ridge}")
         if self.swap_tolerance < 0:
@@ -149,6 +153,9 @@ def _select(
     mag_refit = osscar.reconstruction_error(G, W, mag_cols, config.ridge, energy) / total
     if config.method == "magnitude":
         kept, weight, error, greedy, swaps = magnitude, W[:, mag_cols], mag_error, None, 0
+    elif config.method == "magnitude+refit":  # the same re-fit as osscar's, on the magnitude choice
+        weight = osscar.refit(G, W, mag_cols, config.ridge)
+        kept, error, greedy, swaps = magnitude, mag_refit, None, 0
     else:
         chosen = search(G, W)
         kept, weight, error = chosen.kept, chosen.weight, chosen.error / total
