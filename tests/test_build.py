@@ -40,13 +40,17 @@ def built(tmp_path_factory):
 def test_every_stage_runs_and_the_int8_student_is_published(built):
     recipe, result = built
     stages = [row.stage for row in result.rows]
-    assert stages[:-1] == EXPECTED_STAGES and stages[-1].startswith("INT8 (")
+    # the single-sequence INT8 graph, then the published multi-item one made the same way
+    assert stages[:-2] == EXPECTED_STAGES and stages[-2].startswith("INT8 (")
+    assert stages[-1] == stages[-2].replace("INT8 (", "INT8 multi-item (")
     for row in result.rows:
         assert 0.0 <= row.test_auc <= 1.0 and row.log_loss > 0
-    int8 = result.rows[-1]
-    assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
+    for int8 in result.rows[-2:]:
+        assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
+    multi = result.rows[-1]
+    assert multi.notes["spearman_vs_single_int8"] > 0.9 and multi.notes["auc_gap_vs_single_int8"] < 0.05
     assert result.rows[1].items_per_s_batch32 > 0  # the teacher's FP32 graph was measured too
-    student = result.rows[-2]
+    student = result.rows[-3]
     assert 0 < student.non_embedding_parameters < result.rows[1].non_embedding_parameters
     assert result.bayes_optimal_auc is not None and 0.5 < result.bayes_optimal_auc < 1.0
 
@@ -57,6 +61,7 @@ def test_every_stage_runs_and_the_int8_student_is_published(built):
     assert [s["stage"] for s in report["stages"]] == stages
     bundle = load_bundle(bundle_dir_for(recipe.publish.model_repository, "scorer"))
     assert bundle.model_version == result.published.version == 1
+    assert bundle.multi_item and bundle.prompt_template_version == "scoring-v4"
     card = (result.published.path / "MODEL_CARD.md").read_text()
     assert "| pruned + re-distilled |" in card and "slimserve build" in card
 

@@ -1,4 +1,5 @@
-"""One TensorRT optimization profile per sequence-length bucket.
+"""One TensorRT optimization profile per sequence-length bucket (single-sequence graph) or per
+item-length bucket (multi-item graph).
 
 The services right-pad every prompt to a bucket, so the engine sees a handful of sequence lengths. Profile
 ``i`` covers lengths ``(bucket[i-1], bucket[i]]`` (the first starts at 1) and batch sizes ``1..max_batch``,
@@ -91,19 +92,90 @@ def profile_for(profiles: Sequence[BucketProfile], batch: int, length: int) -> B
     )
 
 
-def _dims(shape: Shape) -> str:
+@dataclass(frozen=True)
+class MultiItemProfile:
+    """Min/opt/max shapes of the multi-item graph's inputs for one item-length bucket: prefixes
+    ``[members, P]`` up to ``prefix_max``, items ``[members, N, L]`` up to ``max_items`` of length in
+    ``(previous bucket, bucket]``; tuned for one member, ``opt_prefix`` prefix tokens, ``opt_items`` items."""
+
+    index: int
+    bucket: int
+    min_length: int
+    prefix_max: int
+    opt_prefix: int
+    max_items: int
+    opt_items: int
+    max_members: int = 1
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+        """Input name -> (min, opt, max), as ``IOptimizationProfile.set_shape`` takes them."""
+        names = TensorNames()
+        prefix = ((1, 1), (1, self.opt_prefix), (self.max_members, self.prefix_max))
+        items = (
+            (1, 1, self.min_length),
+            (1, self.opt_items, self.bucket),
+            (self.max_members, self.max_items, self.bucket),
+        )
+        return {
+            names.prefix_ids: prefix,
+            names.prefix_mask: prefix,
+            names.item_ids: items,
+            names.item_mask: items,
+        }
+
+    def holds(self, members: int, prefix: int, items: int, length: int) -> bool:
+        return (
+            1 <= members <= self.max_members
+            and 1 <= prefix <= self.prefix_max
+            and 1 <= items <= self.max_items
+            and self.min_length <= length <= self.bucket
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "bucket": self.bucket,
+            **{k: [list(s) for s in v] for k, v in self.shapes().items()},
+        }
+
+
+def multi_item_profiles(
+    item_buckets: Sequence[int],
+    prefix_max: int,
+    max_items: int,
+    *,
+    opt_prefix: int | None = None,
+    opt_items: int | None = None,
+    max_members: int = 1,
+) -> tuple[MultiItemProfile, ...]:
+    """One profile per item-length bucket (the service pads a call's items to one bucket)."""
+    if not item_buckets or any(int(b) < 1 for b in item_buckets):
+        raise ValueError(f"item_length_buckets must be positive lengths, got {list(item_buckets)}")
+    if prefix_max < 1 or max_items < 1 or max_members < 1:
+        raise ValueError("prefix_max, max_items and max_members must be >= 1")
+    opt_p = prefix_max // 2 if opt_prefix is None else opt_prefix
+    opt_n = min(max_items, 64) if opt_items is None else opt_items
+    if not (1 <= opt_p <= prefix_max and 1 <= opt_n <= max_items):
+        raise ValueError(
+            f"opt_prefix {opt_p} / opt_items {opt_n} outside [1, {prefix_max}] / [1, {max_items}]"
+        )
+    ordered = sorted({int(b) for b in item_buckets})
+    lows = [1] + [b + 1 for b in ordered[:-1]]
+    return tuple(
+        MultiItemProfile(index, bucket, low, prefix_max, opt_p, max_items, opt_n, max_members)
+        for index, (bucket, low) in enumerate(zip(ordered, lows, strict=True))
+    )
+
+
+def _dims(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def trtexec_shape_flags(profiles: Sequence[BucketProfile]) -> list[str]:
+def trtexec_shape_flags(profiles: Sequence) -> list[str]:
     """The same profiles as ``trtexec`` flags (one ``--minShapes/--optShapes/--maxShapes`` group each)."""
     flags = []
     for profile in profiles:
-        for flag, attr in (
-            ("--minShapes", "min_shape"),
-            ("--optShapes", "opt_shape"),
-            ("--maxShapes", "max_shape"),
-        ):
-            shape = _dims(getattr(profile, attr))
-            flags.append(f"{flag}=" + ",".join(f"{name}:{shape}" for name in profile.inputs))
+        shapes = profile.shapes()
+        for position, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
+            flags.append(f"{flag}=" + ",".join(f"{name}:{_dims(s[position])}" for name, s in shapes.items()))
     return flags

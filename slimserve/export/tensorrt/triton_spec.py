@@ -25,7 +25,7 @@ from ..triton_config import (
     TritonModelSpec,
     WarmupSpec,
 )
-from .profiles import BucketProfile, profile_for
+from .profiles import BucketProfile, MultiItemProfile, profile_for
 
 PLATFORM = "tensorrt_plan"
 WARMUP_DIR = "warmup"
@@ -142,3 +142,62 @@ def check_plan_config(cfg: ModelConfig, profiles: Sequence[BucketProfile], plan_
                 problems.append(f"warmup {warmup.name!r} input {name!r}: {exc}")
     if problems:
         raise ValueError(f"TensorRT config of model {cfg.name!r}: " + "; ".join(problems))
+
+
+def tensorrt_multi_item_scorer_spec(
+    name: str,
+    profiles: Sequence[MultiItemProfile],
+    cc_model_filenames: Mapping[str, str],
+    instance_count: int = 1,
+    parameters: Mapping[str, str] | None = None,
+) -> TritonModelSpec:
+    """Spec of the TensorRT multi-item scorer: one member per request (``prefix_ids``/``prefix_mask``
+    ``[1, P]``, ``item_ids``/``item_mask`` ``[1, N, L]``) -> ``score`` ``[1, N]``, one optimization
+    profile per item-length bucket.
+
+    No Triton batching (``max_batch_size`` 0: the members axis is explicit): a TensorRT engine cannot
+    stack requests of different prefix and item shapes, and one call already carries all its items.
+    Warmup runs every profile once with zero data (the graph clamps an all-zero mask's last-token index
+    and its attention stays finite).
+    """
+    if not profiles:
+        raise ValueError("a TensorRT scorer needs at least one optimization profile")
+    if not cc_model_filenames:
+        raise ValueError("cc_model_filenames is empty: build at least one engine")
+    names = TensorNames()
+    warmups = tuple(
+        WarmupSpec(
+            name=f"profile{p.index}_items{p.opt_items}_len{p.bucket}",
+            batch_size=1,
+            inputs={
+                names.prefix_ids: ("TYPE_INT64", (1, p.opt_prefix), "zero"),
+                names.prefix_mask: ("TYPE_INT64", (1, p.opt_prefix), "zero"),
+                names.item_ids: ("TYPE_INT64", (1, p.opt_items, p.bucket), "zero"),
+                names.item_mask: ("TYPE_INT64", (1, p.opt_items, p.bucket), "zero"),
+            },
+        )
+        for p in profiles
+    )
+    described = ";".join(f"{p.index}:{p.min_length}-{p.bucket}x{p.max_items}" for p in profiles)
+    return TritonModelSpec(
+        name=name,
+        backend=None,
+        platform=PLATFORM,
+        max_batch_size=0,
+        inputs=(
+            TensorSpec(names.prefix_ids, "TYPE_INT64", (-1, -1)),
+            TensorSpec(names.prefix_mask, "TYPE_INT64", (-1, -1)),
+            TensorSpec(names.item_ids, "TYPE_INT64", (-1, -1, -1)),
+            TensorSpec(names.item_mask, "TYPE_INT64", (-1, -1, -1)),
+        ),
+        outputs=(TensorSpec(names.score, "TYPE_FP32", (-1, -1)),),
+        dynamic_batching=None,
+        instance_groups=(
+            InstanceGroupSpec(
+                count=instance_count, kind="KIND_GPU", profiles=tuple(str(p.index) for p in profiles)
+            ),
+        ),
+        warmups=warmups,
+        parameters={**(parameters or {}), PROFILES_PARAMETER: described},
+        cc_model_filenames=dict(cc_model_filenames),
+    )
