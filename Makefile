@@ -1,14 +1,18 @@
-# The two commands of the README: `make up` (build the default model, serve it) and `make test`.
+# The two commands of the README: `make up` (build the default students, serve them; a rerun serves at
+# once, an interrupted build resumes) and `make test`. `make up-teacher`: the teacher zero-shot, no build.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install up test test-fast lint protos images
+.PHONY: install up up-teacher test test-fast lint protos images
 
 install:
 	@./scripts/install.sh
 
 up: install
 	$(VENV)/bin/slimserve up
+
+up-teacher: install
+	$(VENV)/bin/slimserve up --teacher-only
 
 test: install
 	$(PY) -m pytest -q

@@ -172,21 +172,29 @@ def _add_reasoning(sub) -> None:
 def _add_up(sub) -> None:
     parser = sub.add_parser(
         "up",
-        help="export if needed, start Triton and the services (reasoning too when a generator is published), "
-        "answer sample requests, serve",
+        help="build the default recipe (or --recipe) unless already published, start Triton and the "
+        "services, answer sample requests, serve; --teacher-only: the teacher zero-shot, no build",
     )
     parser.add_argument(
-        "--recipe", help="when nothing is published: build this recipe (tiny, cpu, gpu or a YAML file)"
+        "--recipe",
+        default="cpu",
+        help="the recipe built and served (tiny, cpu, gpu or a YAML file; default: cpu); a rerun serves "
+        "what it published, an interrupted build resumes",
     )
     parser.add_argument(
-        "--teacher", default="default", help="without --recipe: export this teacher as the scorer"
+        "--teacher-only",
+        action="store_true",
+        help="no build: serve what the repository holds, exporting the teacher zero-shot if it holds nothing",
     )
-    parser.add_argument("--work-dir", type=Path, help="with --recipe: build stage outputs (resumable)")
+    parser.add_argument(
+        "--teacher", default="default", help="with --teacher-only: export this teacher as the scorer"
+    )
+    parser.add_argument("--work-dir", type=Path, help="the build's stage outputs (resumable)")
     parser.add_argument(
         "--no-generator",
         dest="export_generator",
         action="store_false",
-        help="without --recipe: do not export the teacher as the generator (scoring only)",
+        help="with --teacher-only: do not export the teacher as the generator (scoring only)",
     )
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--model-name", default="scorer")
@@ -219,6 +227,7 @@ def _run_up(args: argparse.Namespace) -> int:
     options = UpOptions(
         teacher=args.teacher,
         recipe=args.recipe,
+        teacher_only=args.teacher_only,
         work_dir=args.work_dir,
         export_generator=args.export_generator,
         model_repository=args.model_repository,
@@ -294,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slimserve",
         description="Compress a recommendation LLM into a small student and serve it over gRPC through Triton.",
-        epilog="Each command has its own --help; `slimserve up` starts the services on a model (README.md).",
+        epilog="Each command has its own --help; `slimserve up` builds the default students and serves them "
+        "(README.md).",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

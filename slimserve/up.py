@@ -1,9 +1,16 @@
-"""``slimserve up``: export the scorer if none is published, start Triton and the services, demo, serve.
+"""``slimserve up``: build the default recipe if needed, start Triton and the services, demo, serve.
 
-The one command of the README's quick start. Triton runs as a child process (or is reached at
-``--triton-url``); the scoring service runs in this process, and so does the reasoning service when the
-repository also holds a ``generator`` model. Ctrl-C or SIGTERM drains the services, then stops Triton,
-leaving no process behind.
+The one command of the README's quick start. By default it builds the ``cpu`` recipe (``--recipe``
+another): teacher fine-tune, distill, prune, re-distill, INT8 for the scorer, the generator's stages,
+each with a progress bar and a closing line, then a table teacher vs students. The scorer is published
+and served as soon as its gates passed, while the generator stages still run; the generator is loaded
+into Triton (explicit model control) and the reasoning service started when it is published. A rerun
+finds the models this recipe published (still the repository's latest) and serves them at once; an
+interrupted build resumes. ``--teacher-only`` serves what the repository holds, exporting the teacher
+zero-shot when it holds nothing (the quick look at serving).
+
+Triton runs as a child process (or is reached at ``--triton-url``); the services run in this process.
+Ctrl-C or SIGTERM drains the services, then stops Triton, leaving no process behind.
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +29,20 @@ from pathlib import Path
 import grpc
 
 from .bundle import BundleError, bundle_dir_for, load_bundle
-from .errors import StageError
+from .errors import StageError, UserError
 
 log = logging.getLogger(__name__)
+
+DEFAULT_RECIPE = "cpu"
 
 
 @dataclass
 class UpOptions:
     """What ``slimserve up`` starts and where."""
 
-    teacher: str = "default"
-    recipe: str | None = None  # build this recipe when nothing is published (else: export the teacher)
+    teacher: str = "default"  # --teacher-only: exported when the repository holds no scorer
+    recipe: str = DEFAULT_RECIPE  # built (resumably) unless the repository holds what it published
+    teacher_only: bool = False  # serve what is published, exporting the teacher zero-shot if nothing
     work_dir: Path | None = None  # the build's stage outputs (default: the recipe's)
     model_repository: Path = Path("model_repository")
     model_name: str = "scorer"
@@ -44,7 +57,7 @@ class UpOptions:
     sample: bool = True
     exit_after_sample: bool = False
     generator_name: str = "generator"  # served by the reasoning service when published in the repository
-    export_generator: bool = True  # without --recipe: also export the teacher as the generator if none
+    export_generator: bool = True  # --teacher-only: also export the teacher as the generator if none
     reasoning_port: int = 50052
     reasoning_metrics_port: int = 9091
 
@@ -60,8 +73,6 @@ def ensure_exported(options: UpOptions) -> Path:
         return directory
     except BundleError:
         pass
-    if options.recipe:
-        return _build(options)
     from .export.pipeline import ScorerExportConfig, export_scorer
 
     log.info(
@@ -78,9 +89,9 @@ def ensure_exported(options: UpOptions) -> Path:
     return bundle_dir_for(options.model_repository, options.model_name, result.version)
 
 
-def _build(options: UpOptions) -> Path:
+def up_recipe(options: UpOptions):
+    """``options.recipe`` publishing into ``options.model_repository`` (and its work directory)."""
     from .buildstage.recipe import load_recipe
-    from .buildstage.runner import run_build
 
     recipe = load_recipe(options.recipe)
     publish = recipe.publish.model_copy(
@@ -89,17 +100,62 @@ def _build(options: UpOptions) -> Path:
     updates = {"publish": publish}
     if options.work_dir is not None:
         updates["work_dir"] = options.work_dir
-    log.info(
-        "no published %r in %s: building recipe %r",
-        options.model_name,
-        options.model_repository,
-        options.recipe,
-    )
-    result = run_build(
-        recipe.model_copy(update=updates), command=f"slimserve build --recipe {options.recipe}"
-    )
-    print(f"\nBuild (recipe {recipe.name}):\n{result.table()}\n")  # noqa: T201
-    return bundle_dir_for(options.model_repository, options.model_name, result.published.version)
+    return recipe.model_copy(update=updates)
+
+
+def _cell(value, digits: int = 3) -> str:
+    return "-" if value is None or value != value else f"{value:.{digits}f}"
+
+
+def _size(row: dict) -> str:
+    parameters, embedding = row.get("parameters") or 0, row.get("embedding_parameters") or 0
+    if not parameters:
+        return "-"
+    size = f"{parameters / 1e6:.1f}M ({(parameters - embedding) / 1e6:.1f}M)"
+    return size + (f", {row['file_mb']:.1f} MB" if _cell(row.get("file_mb")) != "-" else "")
+
+
+def summary_table(report: dict) -> str:
+    """Teacher vs students (quality, size, speed) from a build's ``report.json``."""
+    lines = [
+        "| model | quality (test split) | params (non-emb), file | speed |",
+        "|---|---|---|---|",
+    ]
+    stages = {row["stage"]: row for row in report.get("stages", [])}
+    scorer = [stages.get("teacher fine-tuned"), report["stages"][-1] if report.get("stages") else None]
+    for label, row in zip(("teacher (scoring, FP32)", "scoring student (published)"), scorer, strict=True):
+        if row is None:
+            continue
+        speed = "-"
+        if _cell(row.get("items_per_s_batch32")) != "-":
+            speed = f"{row['items_per_s_batch32']:.1f} items/s @32, 1 item {_cell(row.get('single_item_ms'), 1)} ms"
+        auc = f"AUC {_cell(row['test_auc'])}"
+        lines.append(f"| {label}: {row['stage']} | {auc} | {_size(row)} | {speed} |")
+    generator = report.get("generator_stages") or []
+    by_stage = {row["stage"]: row for row in generator}
+    if not generator:
+        return "\n".join(lines)
+    teacher = by_stage.get("generator teacher (fine-tuned)", generator[0])
+    for label, row in (("generator teacher", teacher), ("generator student (published)", generator[-1])):
+        quality = (
+            f"KL to teacher {_cell(row.get('kl_teacher_text'))}, hallucination "
+            f"{_cell(row.get('hallucination_rate'), 2)}, coverage {_cell(row.get('coverage'), 2)}"
+        )
+        speed = f"{_cell(row.get('decode_tokens_per_s'), 1)} tokens/s (PyTorch, 1 stream)"
+        lines.append(f"| {label}: {row['stage']} | {quality} | {_size(row)} | {speed} |")
+    return "\n".join(lines)
+
+
+def _print_summary(recipe) -> None:
+    import json
+
+    path = recipe.resolved_work_dir() / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    print(f"\nTeacher vs students (recipe {recipe.name}; the stage tables: {path.parent / 'report.md'}):")  # noqa: T201
+    print(summary_table(report))  # noqa: T201
 
 
 def published_generator(options: UpOptions) -> Path | None:
@@ -143,12 +199,12 @@ def _export_teacher_generator(options: UpOptions) -> Path:
     return generation_bundle_dir(options.model_repository, options.generator_name)
 
 
-def _start_triton(options: UpOptions, models: tuple[str, ...]):
+def _start_triton(options: UpOptions, models: tuple[str, ...], repository: Path | None = None):
     from .serving.triton.launcher import TritonServer, TritonServerConfig
 
     server = TritonServer(
         TritonServerConfig(
-            model_repository=options.model_repository.resolve(),
+            model_repository=(repository or options.model_repository).resolve(),
             grpc_port=options.triton_grpc_port,
             http_port=options.triton_http_port,
             metrics_port=options.triton_metrics_port,
@@ -209,12 +265,23 @@ async def _sample_explanation(target: str) -> None:
     print(f"\nTry: slimserve explain --target {target}")  # noqa: T201
 
 
-async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generator_dir: Path | None) -> int:
-    from .client import build_request, format_ranking
-    from .examples import EXAMPLE_MEMBER, example_candidates
+@contextlib.contextmanager
+def _stop_on_signals(loop):
+    """An event set by SIGINT or SIGTERM while the block runs."""
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def _start_scoring(options: UpOptions, triton_url: str, bundle_dir: Path):
+    """Start the scoring service on the published scorer and wait until it serves; returns the server."""
     from .serving.config import ScoringServiceConfig
     from .serving.server import ScoringServer
-    from .v1 import scoring_pb2_grpc
 
     config = ScoringServiceConfig(
         host=options.host,
@@ -224,55 +291,281 @@ async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generato
         bundle_dir=bundle_dir,
     )
     server = ScoringServer(config)
-    reasoning = None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     try:
         port = await server.start()
         if not await server.core.watcher.wait_until_ready(timeout=options.startup_timeout_s):
             raise StageError(f"scoring service not ready: {server.core.watcher.last_error}")
-        target = f"{options.host}:{port}"
-        print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
-        print("plaintext, no token: for this machine only (TLS, mTLS, tokens: docs/security.md)")  # noqa: T201
-        if generator_dir is not None:
-            reasoning = await _start_reasoning(options, triton_url, generator_dir)
-        if options.sample:
-            candidates = example_candidates(10)
-            async with grpc.aio.insecure_channel(target) as channel:
-                stub = scoring_pb2_grpc.ScoringServiceStub(channel)
-                response = await stub.Score(build_request(EXAMPLE_MEMBER, candidates, top_k=5), timeout=60)
-            print("\nSample request: rank 10 jobs for the example member, top 5:")  # noqa: T201
-            print(format_ranking(response, candidates))  # noqa: T201
-            print(f"\nTry: slimserve score --target {target}")  # noqa: T201
-        if options.sample and reasoning is not None:
+    except BaseException:
+        await server.stop(grace=0)
+        raise
+    target = f"{options.host}:{port}"
+    print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
+    print("plaintext, no token: for this machine only (TLS, mTLS, tokens: docs/security.md)")  # noqa: T201
+    return server
+
+
+async def _sample_ranking(target: str) -> None:
+    from .client import build_request, format_ranking
+    from .examples import EXAMPLE_MEMBER, example_candidates
+    from .v1 import scoring_pb2_grpc
+
+    candidates = example_candidates(10)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = scoring_pb2_grpc.ScoringServiceStub(channel)
+        response = await stub.Score(build_request(EXAMPLE_MEMBER, candidates, top_k=5), timeout=60)
+    print("\nSample request: rank 10 jobs for the example member, top 5:")  # noqa: T201
+    print(format_ranking(response, candidates))  # noqa: T201
+    print(f"\nTry: slimserve score --target {target}")  # noqa: T201
+
+
+async def _serve_reasoning(options: UpOptions, triton_url: str, generator_dir: Path):
+    reasoning = await _start_reasoning(options, triton_url, generator_dir)
+    if options.sample:
+        try:
             await _sample_explanation(f"{options.host}:{reasoning.port}")
-        if not options.exit_after_sample:
-            print("Serving; Ctrl-C to stop.")  # noqa: T201
-            await stop.wait()
-        return 0
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-        await asyncio.gather(server.stop(), *([reasoning.stop()] if reasoning else []))
+        except BaseException:
+            await reasoning.stop(grace=0)
+            raise
+    return reasoning
 
 
-def run_up(options: UpOptions) -> int:
-    """Export if needed, start Triton (unless external), run the services until stopped."""
-    from .serving.server import configure_logging
+async def _until_stopped(options: UpOptions, stop: asyncio.Event) -> int:
+    if not options.exit_after_sample:
+        print("Serving; Ctrl-C to stop.")  # noqa: T201
+        await stop.wait()
+    return 0
 
-    configure_logging("INFO")
-    bundle_dir = ensure_exported(options)
-    generator_dir = published_generator(options)
-    if generator_dir is None and options.export_generator and not options.recipe and not options.triton_url:
-        generator_dir = _export_teacher_generator(options)
+
+async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generator_dir: Path | None) -> int:
+    """Serve what is published: scoring (and reasoning when there is a generator), samples, then wait."""
+    servers = []
+    with _stop_on_signals(asyncio.get_running_loop()) as stop:
+        try:
+            servers.append(await _start_scoring(options, triton_url, bundle_dir))
+            if options.sample:
+                await _sample_ranking(f"{options.host}:{servers[0].port}")
+            if generator_dir is not None:
+                servers.append(await _serve_reasoning(options, triton_url, generator_dir))
+            return await _until_stopped(options, stop)
+        finally:
+            await asyncio.gather(*(server.stop() for server in servers))
+
+
+@dataclass
+class _Build:
+    """The build running in a thread: the scorer's publication and the end, posted to the event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    scorer: asyncio.Future
+    done: asyncio.Future
+    thread: threading.Thread | None = None
+
+    def post(self, future: asyncio.Future, value=None, error: BaseException | None = None) -> None:
+        def settle():
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self.loop.call_soon_threadsafe(settle)
+
+
+def _start_build(recipe, loop) -> _Build:
+    from .buildstage.runner import run_build
+
+    build = _Build(loop, loop.create_future(), loop.create_future())
+
+    def work():
+        try:
+            result = run_build(
+                recipe,
+                command=f"slimserve build --recipe {recipe.name}",
+                on_scorer_published=lambda result: build.post(build.scorer, result),
+            )
+        except BaseException as exc:  # handed to the event loop, raised there
+            build.post(build.scorer, error=exc)
+            build.post(build.done, error=exc)
+        else:
+            build.post(build.scorer, result)
+            build.post(build.done, result)
+
+    # A daemon thread: Ctrl-C stops the services and Triton, then the process exits without waiting
+    # for the stage in progress (stages resume from their outputs and checkpoints).
+    build.thread = threading.Thread(target=work, name="slimserve-build", daemon=True)
+    build.thread.start()
+    return build
+
+
+async def _first(stop: asyncio.Event, future: asyncio.Future) -> bool:
+    """Wait for ``future`` or ``stop``; True when ``future`` finished first."""
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stopped, future}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    return future.done()
+
+
+def _load_generator(triton, name: str, timeout_s: float) -> None:
+    """Load the just-published generator into the running Triton (explicit model control)."""
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    started = time.perf_counter()
+    request = urllib.request.Request(
+        f"{triton.http_url}/v2/repository/models/{name}/load", data=b"", method="POST"
+    )
+    with opener.open(request, timeout=timeout_s) as response:
+        if response.status != 200:
+            raise StageError(f"Triton did not load {name!r}: HTTP {response.status}")
+    log.info("Triton loaded %r in %.1f s", name, time.perf_counter() - started)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during the build: the services are stopped; the build thread is left to the exit."""
+
+
+async def _build_and_serve(options: UpOptions, recipe, state: dict) -> int:
+    """Build ``recipe`` in a thread; serve the scorer once published, then the generator; wait."""
+    from .buildstage.runner import published_entry
+    from .generation_bundle import generation_bundle_dir
+
+    loop = asyncio.get_running_loop()
+    servers = []
+    with _stop_on_signals(loop) as stop:
+        print(  # noqa: T201
+            f"Building recipe {recipe.name!r} in {recipe.resolved_work_dir()} (resumes an interrupted build; "
+            "each stage shows a progress bar and ends with a line: time, quality)"
+        )
+        build = _start_build(recipe, loop)
+        state["build"] = build
+        try:
+            if not await _first(stop, build.scorer):
+                raise _Interrupted
+            result = build.scorer.result()  # raises the build's error, if it failed before
+            print(f"\nBuild (recipe {recipe.name}), the scorer's stages:\n{result.table()}\n")  # noqa: T201
+            bundle_dir = bundle_dir_for(
+                options.model_repository, options.model_name, result.published.version
+            )
+            if options.triton_url is None:
+                state["triton"] = await asyncio.to_thread(
+                    _start_triton, options, (options.model_name,), recipe.publish.model_repository
+                )
+            triton_url = options.triton_url or state["triton"].grpc_url
+            servers.append(await _start_scoring(options, triton_url, bundle_dir))
+            if options.sample:
+                await _sample_ranking(f"{options.host}:{servers[0].port}")
+            if recipe.generator is not None and not build.done.done():
+                print(  # noqa: T201
+                    "\nScoringService is serving the scoring student; the generator stages are still "
+                    "running: ReasoningService starts when the generator is published."
+                )
+            if not await _first(stop, build.done):
+                raise _Interrupted
+            result = build.done.result()
+            if recipe.generator is not None:
+                from .evaluation.generator_report import generator_table
+
+                print(f"\nBuild (recipe {recipe.name}), the generator's stages:")  # noqa: T201
+                print(generator_table(result.generator_rows))  # noqa: T201
+                entry = published_entry(recipe, "generator")
+                version = None if entry is None else entry["version"]
+                generator_dir = generation_bundle_dir(
+                    options.model_repository, options.generator_name, version
+                )
+                if "triton" in state:
+                    await asyncio.to_thread(
+                        _load_generator, state["triton"], options.generator_name, options.startup_timeout_s
+                    )
+                servers.append(await _serve_reasoning(options, triton_url, generator_dir))
+            _print_summary(recipe)
+            return await _until_stopped(options, stop)
+        finally:
+            await asyncio.gather(*(server.stop() for server in servers))
+
+
+def _serve_published(options: UpOptions, bundle_dir: Path, generator_dir: Path | None, recipe=None) -> int:
     models = (options.model_name,) + ((options.generator_name,) if generator_dir else ())
     triton = None if options.triton_url else _start_triton(options, models)
     try:
+        if recipe is not None:
+            _print_summary(recipe)
         triton_url = options.triton_url or triton.grpc_url
         return asyncio.run(_serve(options, triton_url, bundle_dir, generator_dir))
     finally:
         if triton is not None:
             with contextlib.suppress(Exception):
                 triton.stop()
+
+
+def run_up(options: UpOptions) -> int:
+    """Build the recipe unless already published (or export the teacher with ``teacher_only``), start
+    Triton (unless external), run the services until stopped."""
+    from .serving.server import configure_logging
+
+    configure_logging("INFO")
+    with contextlib.suppress(AttributeError, ValueError):  # printed lines interleave with the log's
+        sys.stdout.reconfigure(line_buffering=True)
+    if options.teacher_only:
+        bundle_dir = ensure_exported(options)
+        generator_dir = published_generator(options)
+        if generator_dir is None and options.export_generator and not options.triton_url:
+            generator_dir = _export_teacher_generator(options)
+        return _serve_published(options, bundle_dir, generator_dir)
+
+    from .buildstage.runner import published_build
+    from .generation_bundle import generation_bundle_dir
+
+    recipe = up_recipe(options)
+    published = published_build(recipe)
+    if published is not None:
+        print(  # noqa: T201
+            f"Recipe {recipe.name!r} built before: serving the models it published in "
+            f"{options.model_repository} ("
+            + ", ".join(f"{kind} version {entry['version']}" for kind, entry in published.items())
+            + ")"
+        )
+        scorer = bundle_dir_for(options.model_repository, options.model_name, published["scorer"]["version"])
+        generator = published.get("generator")
+        generator_dir = (
+            None
+            if generator is None
+            else generation_bundle_dir(options.model_repository, options.generator_name, generator["version"])
+        )
+        return _serve_published(options, scorer, generator_dir, recipe)
+
+    state: dict = {}
+    code = 0
+    try:
+        return asyncio.run(_build_and_serve(options, recipe, state))
+    except _Interrupted:
+        print(  # noqa: T201
+            f"\nInterrupted: the next `slimserve up` resumes the build where it stopped "
+            f"({recipe.resolved_work_dir()})",
+            flush=True,
+        )
+        code = 130
+        return code
+    except BaseException as exc:
+        code = 1
+        if not _build_running(state):
+            raise
+        log.error("%s", exc, exc_info=not isinstance(exc, UserError))
+        return code
+    finally:
+        if "triton" in state:
+            with contextlib.suppress(Exception):
+                state["triton"].stop()
+        if _build_running(state):
+            # The stage in progress is abandoned (its checkpoint and outputs stay for the resume).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+def _build_running(state: dict) -> bool:
+    build = state.get("build")
+    if build is None:
+        return False
+    build.thread.join(timeout=2)  # a failed build posts its error just before its thread ends
+    return build.thread.is_alive()

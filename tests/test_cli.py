@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,8 +59,10 @@ def test_config_errors_exit_1_with_the_field_named(tmp_path):
     assert result.returncode == 1 and "missing.json" in result.stderr
 
 
-async def test_up_then_score_then_ctrl_c(tmp_path):
+async def test_up_then_score_then_ctrl_c(tmp_path, tiny_repository):
+    """`up --teacher-only` on a published scorer (the build path: tests/test_up.py), `score`, Ctrl-C."""
     repository = tmp_path / "model_repository"
+    shutil.copytree(tiny_repository / "scorer", repository / "scorer")
     port = free_port()
     log_path = tmp_path / "up.log"
     log_file = log_path.open("w")
@@ -67,27 +70,21 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
         [
             *CLI,
             "up",
-            "--recipe",
-            "tiny",
-            "--work-dir",
-            str(tmp_path / "build"),
+            "--teacher-only",
+            "--no-generator",
             "--model-repository",
             str(repository),
             "--port",
             str(port),
             "--metrics-port",
             "0",
-            "--reasoning-port",  # used when the build publishes a generator too
-            "0",
-            "--reasoning-metrics-port",
-            "0",
         ],
-        stdout=log_file,  # a file, not a pipe: the build's output would fill a pipe nobody reads yet
+        stdout=log_file,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        await wait_healthy(port, up, timeout_s=900, log=log_path)  # builds the tiny recipe first
+        await wait_healthy(port, up, timeout_s=300, log=log_path)
         children = psutil.Process(up.pid).children(recursive=True)
         assert any("tritonserver" in c.name() for c in children)
 
@@ -97,6 +94,9 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
         assert lines[0].split() == ["rank", "score", "item", "title"]
         assert [line.split()[0] for line in lines[1:4]] == ["1", "2", "3"]
         assert "model scorer v1" in result.stdout
+        deadline = time.monotonic() + 60
+        while "Serving; Ctrl-C to stop." not in log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)
@@ -104,7 +104,6 @@ async def test_up_then_score_then_ctrl_c(tmp_path):
     output = log_path.read_text()
     assert up.returncode == 0, output
     assert "Sample request" in output and "Serving; Ctrl-C to stop." in output
-    assert "Build (recipe tiny)" in output and "INT8" in output
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -217,6 +216,7 @@ def test_up_without_a_build_exports_the_teacher_as_scorer_and_generator(tmp_path
     repository = tmp_path / "model_repository"
     result = run_cli(
         "up",
+        "--teacher-only",
         "--teacher",
         "tiny",
         "--model-repository",

@@ -28,6 +28,7 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
         [
             *CLI,
             "up",
+            "--teacher-only",
             "--model-repository",
             str(repository),
             "--port",

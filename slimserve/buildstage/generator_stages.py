@@ -452,6 +452,14 @@ def attach_grounding(ctx: GeneratorContext, stage_rows: dict[str, list[Generator
             (ctx.work / stage / GROUNDING_FILE).write_text(json.dumps(checks_out, indent=1) + "\n")
 
 
+def _quality(rows: list[GeneratorRow]) -> str:
+    """The closing words of a stage's line: its (last) model's KL to the teacher on the teacher's text."""
+    if not rows:
+        return ""
+    row = rows[-1]
+    return f": {row.stage}, KL to teacher {row.kl_teacher_text:.3f}, top-1 agreement {row.top1_agreement:.3f}"
+
+
 def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
     """Run (or skip, when done with the same settings) every generator stage, check the grounding of
     every model's held-out explanations, then the gates."""
@@ -468,7 +476,7 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
             (out / ROWS_FILE).write_text(json.dumps([r.as_dict() for r in stage_rows], indent=2) + "\n")
             artifacts.mark_done(out, config)
             seconds[stage] = time.perf_counter() - started
-            log.info("stage %s: finished in %.0f s", stage, seconds[stage])
+            log.info("stage %s: finished in %.0f s%s", stage, seconds[stage], _quality(stage_rows))
         by_stage[stage] = [GeneratorRow.from_dict(d) for d in json.loads((out / ROWS_FILE).read_text())]
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
             ctx.teacher = ctx.load_student(stage).eval()

@@ -97,8 +97,14 @@ def _gate(row: StageRow, minimum: float, teacher_auc: float) -> None:
         )
 
 
-def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve build") -> BuildResult:
-    """Run every stage of ``recipe``; raise ``BuildError`` when a stage or a gate fails."""
+def run_build(
+    recipe: Recipe, restart: bool = False, command: str = "slimserve build", on_scorer_published=None
+) -> BuildResult:
+    """Run every stage of ``recipe``; raise ``BuildError`` when a stage or a gate fails.
+
+    With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
+    soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
+    meanwhile); without it, a failing generator gate publishes nothing."""
     from ..export.teacher import load_teacher
     from .int8_stage import publish, run_int8
     from .stages import run_distill, run_prune, run_redistill, run_teacher
@@ -129,7 +135,7 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
         artifacts.save_rows(out, rows)
         artifacts.mark_done(out, config)
         seconds[stage] = time.perf_counter() - started
-        log.info("stage %s: finished in %.0f s", stage, seconds[stage])
+        log.info("stage %s: finished in %.0f s%s", stage, seconds[stage], _quality(rows))
         return rows
 
     started = time.perf_counter()
@@ -162,7 +168,9 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
 
         final, publisher = tensorrt_tail(recipe, data, _stage_config(recipe, "tensorrt"), timed, loaded)
         _gate(final[0], recipe.gates.int8, teacher_auc)
-        return _report_and_publish(recipe, rows + final, data, seconds, command, publisher, generator)
+        return _report_and_publish(
+            recipe, rows + final, data, seconds, command, publisher, generator, on_scorer_published
+        )
 
     chosen: dict[str, Path] = {}
 
@@ -190,27 +198,148 @@ def run_build(recipe: Recipe, restart: bool = False, command: str = "slimserve b
             recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
         ),
         generator,
+        on_scorer_published,
     )
 
 
+def _quality(rows) -> str:
+    """The closing words of a stage's line: its (last) model's test AUC and retention."""
+    if not rows:
+        return ""
+    row = rows[-1]
+    retention = "" if row.retention != row.retention else f", retention {row.retention:.3f}"  # NaN: unset
+    return f": {row.stage}, test AUC {row.test_auc:.3f}{retention}"
+
+
 def _report_and_publish(
-    recipe: Recipe, rows, data: BuildData, seconds, command: str, publisher, generator=None
+    recipe: Recipe,
+    rows,
+    data: BuildData,
+    seconds,
+    command: str,
+    publisher,
+    generator=None,
+    on_scorer_published=None,
 ) -> BuildResult:
     """Run the generator stages (when the recipe has them; their gates fail before anything is
-    published), write the report and model card, then publish (``publisher(card)``, then the generator)."""
+    published), write the report and model card, then publish (``publisher(card)``, then the generator).
+
+    With ``on_scorer_published``: publish the scorer first, call it, then run the generator stages,
+    rewrite the report and publish the generator. A model published before from the same recipe and
+    still the repository's latest is kept rather than published again when none of its stages ran."""
     from . import generator_stages
 
-    work = recipe.resolved_work_dir()
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
-    if generator is not None:
+    scorer_ran = bool(set(seconds) - {"data"})
+    if generator is not None and on_scorer_published is None:
         result.generator_rows = generator_stages.run_generator(generator, seconds)
+    card = _write_report(recipe, result, command)
+    result.published = _publish_once(recipe, "scorer", lambda: publisher(card), scorer_ran)
+    if on_scorer_published is not None:
+        on_scorer_published(result)
+        if generator is not None:
+            result.generator_rows = generator_stages.run_generator(generator, seconds)
+            _write_report(recipe, result, command)
+    if generator is not None:
+        generator_ran = bool(set(seconds) & set(generator_stages.active_stages(generator.settings)))
+        result.generator_published = _publish_once(
+            recipe, "generator", lambda: generator_stages.publish(generator), generator_ran or scorer_ran
+        )
+    return result
+
+
+def _write_report(recipe: Recipe, result: BuildResult, command: str) -> str:
+    work = recipe.resolved_work_dir()
     card = build_card(recipe, result, command)
     (work / "report.md").write_text(card)
     (work / "report.json").write_text(json.dumps(report_json(result), indent=2) + "\n")
-    result.published = publisher(card)
-    if generator is not None:
-        result.generator_published = generator_stages.publish(generator)
-    return result
+    return card
+
+
+# -- what a build published: lets a rerun (and ``slimserve up``) keep it instead of publishing again --
+PUBLISH_DIR = "publish"
+
+
+def _publish_config(recipe: Recipe) -> dict:
+    from ..prompts import SCORING_TEMPLATE_VERSION
+
+    return {
+        "recipe": recipe.model_dump(mode="json", exclude={"work_dir"}),
+        "prompt_template": SCORING_TEMPLATE_VERSION,
+    }
+
+
+def _model_name(recipe: Recipe, kind: str) -> str:
+    return recipe.publish.model_name if kind == "scorer" else "generator"
+
+
+def _latest(recipe: Recipe, kind: str):
+    """The latest bundle of the scorer (``kind="scorer"``) or the generator in the recipe's repository."""
+    from ..bundle import BundleError, bundle_dir_for, load_bundle
+    from ..generation_bundle import load_generation_bundle
+
+    repository, name = recipe.publish.model_repository, _model_name(recipe, kind)
+    try:
+        if kind == "scorer":
+            return load_bundle(bundle_dir_for(repository, name))
+        return load_generation_bundle(bundle_dir_for(repository, name))
+    except (BundleError, OSError):
+        return None
+
+
+def published_entry(recipe: Recipe, kind: str) -> dict | None:
+    """What this recipe's build published as ``kind`` ("scorer", "generator"), when it is still the
+    latest version in the repository (same content hash); else None."""
+    path = recipe.resolved_work_dir() / PUBLISH_DIR / f"{kind}.json"
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if entry.get("config_hash") != artifacts.config_hash(_publish_config(recipe)):
+        return None
+    latest = _latest(recipe, kind)
+    if latest is None or (latest.model_version, latest.content_hash) != (
+        entry["version"],
+        entry["content_hash"],
+    ):
+        return None
+    return entry
+
+
+def published_build(recipe: Recipe) -> dict[str, dict] | None:
+    """The models a finished build of ``recipe`` published (scorer, and generator when the recipe has
+    one), when they are all still the latest in the repository; None when something must be built."""
+    kinds = ("scorer", "generator") if recipe.generator is not None else ("scorer",)
+    entries = {kind: published_entry(recipe, kind) for kind in kinds}
+    return None if None in entries.values() else entries
+
+
+def _publish_once(recipe: Recipe, kind: str, publish, stages_ran: bool):
+    from ..export.repository import CONFIG_FILE, PublishedVersion
+
+    entry = None if stages_ran else published_entry(recipe, kind)
+    if entry is not None:
+        log.info(
+            "%s version %d: published before from this recipe and unchanged, kept", kind, entry["version"]
+        )
+        path = Path(entry["path"])
+        if kind == "generator":
+            return path
+        return PublishedVersion(path, entry["version"], entry["content_hash"], path.parent / CONFIG_FILE)
+    published = publish()
+    latest = _latest(recipe, kind)
+    if published is not None and latest is not None:
+        path = published if kind == "generator" else published.path
+        record = {
+            "config_hash": artifacts.config_hash(_publish_config(recipe)),
+            "version": latest.model_version,
+            "content_hash": latest.content_hash,
+            "path": str(path),
+        }
+        out = recipe.resolved_work_dir() / PUBLISH_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{kind}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return published
 
 
 def report_json(result: BuildResult) -> dict:

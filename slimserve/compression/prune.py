@@ -164,7 +164,9 @@ def _select(
     return kept, weight.to(W.dtype), result
 
 
-def prune_heads(model: nn.Module, batches, config: PruneConfig) -> tuple[nn.Module, list[LayerResult]]:
+def prune_heads(
+    model: nn.Module, batches, config: PruneConfig, progress=None
+) -> tuple[nn.Module, list[LayerResult]]:
     """Keep ``config.heads_per_kv_group`` query heads per KV head in every layer; re-fit ``o_proj``."""
     cfg = model.config
     head_dim, group, keep = (
@@ -203,11 +205,15 @@ def prune_heads(model: nn.Module, batches, config: PruneConfig) -> tuple[nn.Modu
             "heads layer %d: kept %s, relative error %.4g (magnitude %.4g, %d swaps)",
             index, kept, result.error, result.magnitude_error, result.swaps,
         )  # fmt: skip
+        if progress is not None:
+            progress()
     new = rebuild(model, state, num_attention_heads=cfg.num_key_value_heads * keep)
     return new, results
 
 
-def prune_mlp(model: nn.Module, batches, config: PruneConfig) -> tuple[nn.Module, list[LayerResult]]:
+def prune_mlp(
+    model: nn.Module, batches, config: PruneConfig, progress=None
+) -> tuple[nn.Module, list[LayerResult]]:
     """Keep ``config.mlp_keep`` neurons in every layer's MLP; re-fit ``down_proj``."""
     layers = decoder_layers(model)
     grams = input_grams(model, batches, {str(i): layer.mlp.down_proj for i, layer in enumerate(layers)})
@@ -239,18 +245,27 @@ def prune_mlp(model: nn.Module, batches, config: PruneConfig) -> tuple[nn.Module
             index + 1, len(layers), result.error, result.greedy_error or result.error,
             result.magnitude_error, result.magnitude_refit_error, result.swaps, result.seconds,
         )  # fmt: skip
+        if progress is not None:
+            progress()
     return rebuild(model, state, intermediate_size=k), results
 
 
 def prune_model(
     model: nn.Module, calibration_batches: Iterable, config: PruneConfig
 ) -> tuple[nn.Module, PruneReport]:
-    """Prune ``model`` (left unchanged) to ``config``'s sizes; returns a new model and a report."""
+    """Prune ``model`` (left unchanged) to ``config``'s sizes; returns a new model and a report.
+    A progress bar (with an ETA) counts the layer selection, then each layer's heads and MLP."""
+    from .trainer import progress_bar
+
     _check_sizes(model, config)
     batches = as_batches(calibration_batches)
     report = PruneReport(method=config.method, parameters_before=parameter_count(model))
     current = model.eval()
-    with torch.no_grad():
+    layers = config.layers_keep or model.config.num_hidden_layers
+    steps = (config.layers_keep is not None) + layers * (
+        (config.heads_per_kv_group is not None) + (config.mlp_keep is not None)
+    )
+    with torch.no_grad(), progress_bar(steps, f"prune ({config.method})", unit="step") as bar:
         if config.layers_keep is not None:
             start = time.perf_counter()
             subset = first_tokens(batches, config.layer_calibration_tokens)
@@ -261,13 +276,14 @@ def prune_model(
             report.layer_importance, report.layers_kept = importance, keep
             current = drop_layers(current, keep)
             report.seconds["layers"] = time.perf_counter() - start
+            bar.update()
         if config.heads_per_kv_group is not None:
             start = time.perf_counter()
-            current, report.heads = prune_heads(current, batches, config)
+            current, report.heads = prune_heads(current, batches, config, bar.update)
             report.seconds["heads"] = time.perf_counter() - start
         if config.mlp_keep is not None:
             start = time.perf_counter()
-            current, report.mlp = prune_mlp(current, batches, config)
+            current, report.mlp = prune_mlp(current, batches, config, bar.update)
             report.seconds["mlp"] = time.perf_counter() - start
     if current is model:
         current = rebuild(model, model.state_dict())

@@ -1,0 +1,99 @@
+"""`slimserve up` on the tiny recipe as a user runs it: build (interrupted, then resumed), the scorer
+served while the generator stages run, the stage tables and the closing table, then a rerun that serves
+what was published without building."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import psutil
+
+from tests.test_cli import CLI
+
+TINY_UP = ["up", "--recipe", "tiny", "--port", "0", "--metrics-port", "0"]
+TINY_UP += ["--reasoning-port", "0", "--reasoning-metrics-port", "0"]
+
+
+def _up(tmp_path, *extra: str) -> list[str]:
+    return [
+        *CLI,
+        *TINY_UP,
+        "--work-dir",
+        str(tmp_path / "build"),
+        "--model-repository",
+        str(tmp_path / "model_repository"),
+        *extra,
+    ]
+
+
+def _wait_for(log_path, marker: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while marker not in log_path.read_text():
+        assert process.poll() is None, log_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, (
+            f"no {marker!r} within {timeout_s} s\n{log_path.read_text()[-4000:]}"
+        )
+        time.sleep(0.2)
+
+
+def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once(tmp_path):
+    # 1. Interrupted during the build: it stops at once and leaves the finished stages.
+    log_path = tmp_path / "first.log"
+    with log_path.open("w") as log_file:
+        up = subprocess.Popen(_up(tmp_path), stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(log_path, "stage distill: running", up, timeout_s=600)
+        finally:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=60)
+    first = log_path.read_text()
+    assert up.returncode == 130, first
+    assert "Interrupted: the next `slimserve up` resumes the build" in first
+    assert "stage teacher: finished in" in first and "test AUC" in first  # the stage's closing line
+    assert not (tmp_path / "model_repository" / "scorer").exists()
+
+    # 2. Resumed: the finished stages are skipped; the scorer serves while the generator stages run.
+    second = subprocess.run(
+        _up(tmp_path, "--exit-after-sample"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
+    output = second.stdout
+    assert second.returncode == 0, output
+    assert "stage teacher: done before with the same settings, skipped" in output
+    assert "stage distill: finished in" in output
+    for row in ("| pruned (osscar) |", "| pruned (magnitude+refit) |", "| pruned (magnitude) |", "| INT8"):
+        assert row in output, row  # the scorer's stage table
+    assert "| generator (a)+(b) on-policy |" in output  # the generator's
+    assert "the generator stages are still running" in output
+    assert output.index("Sample request") < output.index("ReasoningService on")
+    assert "Sample explanation" in output
+    assert "Teacher vs students" in output and "| scoring student (published)" in output
+    assert "| generator student (published)" in output
+
+    # 3. Again: everything is published from this recipe, so it serves at once, without a build.
+    started = time.monotonic()
+    third = subprocess.Popen(_up(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in third.stdout:
+            lines.append(line)
+            if "Serving; Ctrl-C to stop." in line:
+                break
+        elapsed = time.monotonic() - started
+        children = psutil.Process(third.pid).children(recursive=True)
+    finally:
+        third.send_signal(signal.SIGINT)
+        rest, _ = third.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert third.returncode == 0, output
+    assert "Recipe 'tiny' built before: serving the models it published" in output
+    assert "scorer version 1, generator version 1" in output
+    assert "Building recipe" not in output and "done before" not in output
+    assert "Sample request" in output and "Sample explanation" in output and "Teacher vs students" in output
+    assert elapsed < 120, f"{elapsed:.0f} s to serving"
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
