@@ -157,8 +157,8 @@ def write_layout_repository(repository: Path, bundle_dir: Path, onnx: Path, layo
 class _Publish:
     model_name: str
     max_queue_delay_us: int = 200
-    max_queue_size: int = 1024
-    default_timeout_us: int = 60_000_000
+    max_queue_size: int = 0  # a queue policy brings 500 ms stalls (docs/bench.md, Tail latency)
+    default_timeout_us: int = 0
 
 
 def floor(onnx: Path, workload: Workload, layout: str, bundle, seconds: float) -> tuple[float, float]:

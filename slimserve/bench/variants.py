@@ -110,7 +110,6 @@ def write_variant_repository(
         max_batch_size=batching.max_batch_size,
         length_buckets=tuple(sorted(bundle.length_buckets)),
         max_queue_delay_us=batching.max_queue_delay_us,
-        default_timeout_us=60_000_000,
         parameters={"source_model": variant.name, "bench_batching": batching.name},
     )
     if not batching.dynamic:

@@ -116,8 +116,13 @@ class PublishSettings(ScoringLayout, _Strict):
     length_buckets: tuple[int, ...] = Field((96, 192, 320, 512), description="Sequence-length buckets")
     max_batch_size: int = Field(64, ge=1, description="Triton max_batch_size")
     max_queue_delay_us: int = Field(200, ge=0, description="Dynamic batcher queue delay")
-    max_queue_size: int = Field(1024, ge=0, description="Triton queue bound (RESOURCE_EXHAUSTED beyond)")
-    default_timeout_us: int = Field(30_000_000, ge=0, description="Queue timeout (non-zero: deadlines apply)")
+    # Non-zero queue settings turn off Triton's batcher prefetching: 500 ms stalls (docs/bench.md Tail latency).
+    max_queue_size: int = Field(
+        0, ge=0, description="Triton queue bound (RESOURCE_EXHAUSTED beyond; 0 = none)"
+    )
+    default_timeout_us: int = Field(
+        0, ge=0, description="Triton queue timeout (0 = none: gRPC deadlines cancel)"
+    )
 
 
 class Recipe(Settings):

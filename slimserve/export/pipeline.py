@@ -53,12 +53,14 @@ class ScorerExportConfig(ScoringLayout, Settings):
     max_batch_size: int = Field(64, ge=1, description="Triton max_batch_size")
     max_queue_delay_us: int = Field(200, ge=0, description="Dynamic batcher: longest wait to grow a batch")
     max_queue_size: int = Field(
-        1024, ge=0, description="Requests queued in Triton before RESOURCE_EXHAUSTED (0 = unbounded)"
+        0,
+        ge=0,
+        description="Requests queued in Triton before RESOURCE_EXHAUSTED (0 = unbounded; non-zero brings 500 ms stalls, docs/bench.md Tail latency)",
     )
     default_timeout_us: int = Field(
-        30_000_000,
+        0,
         ge=0,
-        description="Queue timeout when a request names none; must be non-zero for per-request deadlines to apply in Triton 2.51",
+        description="Triton queue timeout (0: none, deadlines end by gRPC cancellation; non-zero brings 500 ms stalls, docs/bench.md Tail latency)",
     )
     instance_count: int = Field(1, ge=1, description="Model instances (processes) in Triton")
     intra_op_threads: int = Field(

@@ -6,6 +6,7 @@ published as ``<version>/model.py`` next to ``<version>/model.onnx``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -16,10 +17,36 @@ from slimserve.export.triton_config import (
     TensorSpec,
     TritonModelSpec,
     WarmupSpec,
+    batcher_prefetches,
 )
+
+log = logging.getLogger(__name__)
 
 MODEL_PY = "model.py"
 MODEL_ONNX = "model.onnx"
+
+
+def scorer_batching(
+    max_queue_delay_us: int, max_queue_size: int, default_timeout_us: int
+) -> DynamicBatchingSpec:
+    """The scorers' dynamic batcher. Keep ``max_queue_size`` and ``default_timeout_us`` at 0: any queue
+    policy turns off Triton 2.51's payload prefetching, and a request that arrives while the instance is
+    busy then waits for the batcher's 500 ms idle timeout (docs/bench.md "Tail latency"). Deadlines still
+    hold without one (the gRPC deadline cancels the request in Triton's queue) and the service bounds the
+    work in flight itself (admission)."""
+    spec = DynamicBatchingSpec(
+        max_queue_delay_us=max_queue_delay_us,
+        max_queue_size=max_queue_size,
+        default_timeout_us=default_timeout_us,
+    )
+    if not batcher_prefetches(spec):
+        log.warning(
+            "scorer queue policy (max_queue_size %d, default_timeout_us %d) turns off Triton's batcher "
+            "prefetching: expect 500 ms stalls under load (docs/bench.md, Tail latency)",
+            max_queue_size,
+            default_timeout_us,
+        )
+    return spec
 
 
 def scorer_model_source() -> Path:
@@ -83,11 +110,7 @@ def scorer_triton_spec(
             TensorSpec(names.score, "TYPE_FP32", (1,)),
             TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
         ),
-        dynamic_batching=DynamicBatchingSpec(
-            max_queue_delay_us=max_queue_delay_us,
-            max_queue_size=max_queue_size,
-            default_timeout_us=default_timeout_us,
-        ),
+        dynamic_batching=scorer_batching(max_queue_delay_us, max_queue_size, default_timeout_us),
         instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
         warmups=warmups,
         parameters=params,
@@ -149,11 +172,7 @@ def multi_item_scorer_triton_spec(
             TensorSpec(names.score, "TYPE_FP32", (-1,)),
             TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
         ),
-        dynamic_batching=DynamicBatchingSpec(
-            max_queue_delay_us=max_queue_delay_us,
-            max_queue_size=max_queue_size,
-            default_timeout_us=default_timeout_us,
-        ),
+        dynamic_batching=scorer_batching(max_queue_delay_us, max_queue_size, default_timeout_us),
         instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
         warmups=warmups,
         parameters=params,

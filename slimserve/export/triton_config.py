@@ -43,11 +43,27 @@ class DynamicBatchingSpec:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 0  # 0: unbounded
     default_timeout_us: int = 0  # 0: no queue timeout
-    allow_timeout_override: bool = True
+    # None: only when default_timeout_us is set (Triton 2.51 ignores a request's timeout otherwise). Any
+    # queue policy (a bound, a timeout or this override) turns off the batcher's payload prefetching, and
+    # then a request that arrives while the instance is busy waits up to 500 ms (docs/bench.md "Tail latency").
+    allow_timeout_override: bool | None = None
     timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
     priority_levels: int = 0  # 0: priorities disabled
     default_priority_level: int = 0
     preserve_ordering: bool = False
+
+
+def batcher_prefetches(spec: DynamicBatchingSpec) -> bool:
+    """Whether Triton 2.51's dynamic batcher prefetches payloads for ``spec`` (core r24.10,
+    ``PriorityQueue``: no priority levels, no default timeout, no timeout override, no queue bound).
+
+    Without prefetching the batcher hands a batch over only to an instance waiting for one, and nothing
+    wakes it when a busy instance comes back: a request that came meanwhile waits for the batcher's idle
+    timeout, 500 ms.
+    """
+    override = spec.allow_timeout_override
+    override = spec.default_timeout_us > 0 if override is None else override
+    return not (spec.priority_levels or spec.default_timeout_us or override or spec.max_queue_size)
 
 
 @dataclass(frozen=True)
@@ -194,7 +210,8 @@ def _dynamic_batching(message, spec: DynamicBatchingSpec) -> None:
         mc.ModelQueuePolicy.TimeoutAction, spec.timeout_action, "dynamic_batching.timeout_action"
     )
     policy.default_timeout_microseconds = spec.default_timeout_us
-    policy.allow_timeout_override = spec.allow_timeout_override
+    override = spec.allow_timeout_override
+    policy.allow_timeout_override = spec.default_timeout_us > 0 if override is None else override
     policy.max_queue_size = spec.max_queue_size
 
 

@@ -7,7 +7,9 @@ one gRPC stream per request.
 Every tritonclient/gRPC error is mapped here, by status code, to a ``slimserve.serving.errors`` type; the
 original exception stays chained (``raise ... from exc``) for the logs. Deadlines travel twice: as the
 gRPC deadline (``client_timeout``) and as Triton's per-request queue ``timeout`` (microseconds), which
-needs ``allow_timeout_override: true`` in the model's queue policy. Cancelling the awaiting task cancels
+Triton applies only under a queue policy with a default timeout and ``allow_timeout_override: true``. The
+exported scorers have none (it brings 500 ms stalls, docs/bench.md "Tail latency"): for them the gRPC
+deadline ends a late request, Triton dropping it from its queue. Cancelling the awaiting task cancels
 the gRPC call (grpc.aio does this; Triton then cancels the request).
 """
 
