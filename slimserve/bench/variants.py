@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import TOKENIZER_FILE, load_bundle
+from ..bundle import SCORING_SINGLE, TOKENIZER_FILE, load_bundle
 from ..prompts import SCORING_TEMPLATE_VERSION
 
 
@@ -100,10 +100,13 @@ def write_variant_repository(
 
     # The service renders today's template; a model built with an older one is served with it here (the
     # speed of the graph does not depend on the words). ``template_note`` says so for the report.
+    # The variants are single-sequence graphs: a multi-item bundle is served single-sequence here
+    # (``slimserve bench layouts`` compares the two layouts).
     bundle = dataclasses.replace(
         load_bundle(bundle_dir),
         max_batch_size=batching.max_batch_size,
         prompt_template_version=SCORING_TEMPLATE_VERSION,
+        scoring_mode=SCORING_SINGLE,
     )
     spec = scorer_triton_spec(
         name=model_name,
