@@ -56,6 +56,31 @@ def scorer_model_source() -> Path:
     return Path(onnx_scorer.__file__)
 
 
+def _python_scorer_spec(
+    name, max_batch_size, inputs, score_dims, warmups, batching, instances, threads, parameters
+):
+    """The parts both CPU scorers share: python backend, ``score`` + ``compute_ms`` outputs, the
+    scorers' batcher, CPU instances and the ORT thread parameter."""
+    names = TensorNames()
+    params = dict(parameters or {})
+    if threads is not None:
+        params["intra_op_threads"] = str(threads)
+    return TritonModelSpec(
+        name=name,
+        backend="python",
+        max_batch_size=max_batch_size,
+        inputs=inputs,
+        outputs=(
+            TensorSpec(names.score, "TYPE_FP32", score_dims),
+            TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
+        ),
+        dynamic_batching=scorer_batching(*batching),
+        instance_groups=(InstanceGroupSpec(count=instances, kind="KIND_CPU"),),
+        warmups=warmups,
+        parameters=params,
+    )
+
+
 def scorer_triton_spec(
     name: str,
     max_batch_size: int,
@@ -72,8 +97,8 @@ def scorer_triton_spec(
 
     One zero-data warmup per length bucket at batch 1, plus one batch of ``warmup_batch_size`` at the
     smallest bucket (the graph must accept an all-zero attention mask). Warmup at the full batch and the
-    largest bucket would cost a minute per load for a 135M model on two cores. ``intra_op_threads`` None lets the model share the CPUs among its
-    instances.
+    largest bucket would cost a minute per load for a 135M model on two cores. ``intra_op_threads``
+    None lets the model share the CPUs among its instances.
     """
     if max_batch_size < 1:
         raise ValueError(
@@ -82,9 +107,6 @@ def scorer_triton_spec(
     if not length_buckets or any(b < 1 for b in length_buckets):
         raise ValueError(f"length_buckets must be positive sequence lengths, got {length_buckets}")
     names = TensorNames()
-    params = dict(parameters or {})
-    if intra_op_threads is not None:
-        params["intra_op_threads"] = str(intra_op_threads)
     shapes = [(length, 1) for length in sorted(set(length_buckets))]
     shapes.append((min(length_buckets), min(warmup_batch_size, max_batch_size)))
     warmups = tuple(
@@ -98,22 +120,13 @@ def scorer_triton_spec(
         )
         for length, batch in dict.fromkeys(shapes)
     )
-    return TritonModelSpec(
-        name=name,
-        backend="python",
-        max_batch_size=max_batch_size,
-        inputs=(
-            TensorSpec(names.input_ids, "TYPE_INT64", (-1,)),
-            TensorSpec(names.attention_mask, "TYPE_INT64", (-1,)),
-        ),
-        outputs=(
-            TensorSpec(names.score, "TYPE_FP32", (1,)),
-            TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
-        ),
-        dynamic_batching=scorer_batching(max_queue_delay_us, max_queue_size, default_timeout_us),
-        instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
-        warmups=warmups,
-        parameters=params,
+    inputs = (
+        TensorSpec(names.input_ids, "TYPE_INT64", (-1,)),
+        TensorSpec(names.attention_mask, "TYPE_INT64", (-1,)),
+    )
+    batching = (max_queue_delay_us, max_queue_size, default_timeout_us)
+    return _python_scorer_spec(
+        name, max_batch_size, inputs, (1,), warmups, batching, instance_count, intra_op_threads, parameters
     )
 
 
@@ -142,9 +155,6 @@ def multi_item_scorer_triton_spec(
     if not item_length_buckets or any(b < 1 for b in item_length_buckets):
         raise ValueError(f"item_length_buckets must be positive lengths, got {item_length_buckets}")
     names = TensorNames()
-    params = dict(parameters or {})
-    if intra_op_threads is not None:
-        params["intra_op_threads"] = str(intra_op_threads)
     warmups = tuple(
         WarmupSpec(
             name=f"prefix{warmup_prefix}_items{warmup_items}_len{length}",
@@ -158,24 +168,15 @@ def multi_item_scorer_triton_spec(
         )
         for length in sorted(set(item_length_buckets))
     )
-    return TritonModelSpec(
-        name=name,
-        backend="python",
-        max_batch_size=max_members,
-        inputs=(
-            TensorSpec(names.prefix_ids, "TYPE_INT64", (-1,), allow_ragged_batch=True),
-            TensorSpec(names.prefix_mask, "TYPE_INT64", (-1,), allow_ragged_batch=True),
-            TensorSpec(names.item_ids, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
-            TensorSpec(names.item_mask, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
-        ),
-        outputs=(
-            TensorSpec(names.score, "TYPE_FP32", (-1,)),
-            TensorSpec(names.compute_ms, "TYPE_FP32", (1,)),
-        ),
-        dynamic_batching=scorer_batching(max_queue_delay_us, max_queue_size, default_timeout_us),
-        instance_groups=(InstanceGroupSpec(count=instance_count, kind="KIND_CPU"),),
-        warmups=warmups,
-        parameters=params,
+    inputs = (
+        TensorSpec(names.prefix_ids, "TYPE_INT64", (-1,), allow_ragged_batch=True),
+        TensorSpec(names.prefix_mask, "TYPE_INT64", (-1,), allow_ragged_batch=True),
+        TensorSpec(names.item_ids, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
+        TensorSpec(names.item_mask, "TYPE_INT64", (-1, -1), allow_ragged_batch=True),
+    )
+    batching = (max_queue_delay_us, max_queue_size, default_timeout_us)
+    return _python_scorer_spec(
+        name, max_members, inputs, (-1,), warmups, batching, instance_count, intra_op_threads, parameters
     )
 
 
