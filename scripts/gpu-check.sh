@@ -5,7 +5,8 @@
 #     slimserve-build-gpu:0.1.0 scripts/gpu-check.sh
 # or any venv with slimserve[dev] plus TensorRT's Python bindings. Steps:
 #   env        GPU, driver, compute capability, TensorRT / Model Optimizer / torch versions
-#   cpu-tests  tests/test_tensorrt.py tests/test_tensorrt_qdq.py (profiles, configs, gate, Q/DQ graphs)
+#   cpu-tests  tests/test_tensorrt.py tests/test_tensorrt_qdq.py tests/test_tensorrt_multi_item.py
+#              (profiles, configs, gate, Q/DQ graphs; the multi-item profiles and config)
 #   gpu-tests  tests/test_tensorrt_gpu.py (engines built, run, gated; a skip here counts as a failure)
 #   build      slimserve build --recipe tiny-gpu (Q/DQ, engine, parity gate, tensorrt_plan publish)
 #   triton     the published repository served by Triton 24.10 (local tritonserver or the
@@ -69,7 +70,8 @@ echo "# slimserve GPU check, $(date -u +%FT%TZ), output in $OUT"
 if step_env >"$OUT/env.txt" 2>&1; then record env PASS "$(head -1 "$OUT/env.txt")"; else record env FAIL "(no GPU visible: nvidia-smi failed)"; fi
 cat "$OUT/env.txt"
 
-if pytest_step cpu-tests "$OUT/cpu-tests.xml" tests/test_tensorrt.py tests/test_tensorrt_qdq.py; then
+if pytest_step cpu-tests "$OUT/cpu-tests.xml" tests/test_tensorrt.py tests/test_tensorrt_qdq.py \
+  tests/test_tensorrt_multi_item.py; then
   record cpu-tests PASS "$LAST_NOTE"
 else
   record cpu-tests FAIL "$LAST_NOTE"
