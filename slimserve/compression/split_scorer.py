@@ -78,7 +78,9 @@ class SplitScorer:
         self, prefix_h: torch.Tensor, prefix_mask: torch.Tensor, item_h: torch.Tensor, item_mask: torch.Tensor
     ) -> torch.Tensor:
         """(yes, no) logits [B, N, 2] from bottom hidden states (gradients through prefix and items)."""
-        _, item_out = self.multi.run_layers(prefix_h, prefix_mask, item_h, item_mask, self.top_layers)
+        _, item_out = self.multi.run_layers(
+            prefix_h, prefix_mask, item_h, item_mask, self.top_layers, prefix_out=False
+        )
         return self.multi.head_logits(item_out, item_mask)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
