@@ -38,7 +38,9 @@ class PromptTokenizer:
         """Token ids per prompt, truncated to ``max_length`` keeping head and tail."""
         return self.encode_within(prompts, self.max_length, add_special_tokens=True)
 
-    def encode_within(self, texts: list[str], max_length: int, *, add_special_tokens: bool) -> list[list[int]]:
+    def encode_within(
+        self, texts: list[str], max_length: int, *, add_special_tokens: bool
+    ) -> list[list[int]]:
         """Token ids per text, truncated to ``max_length`` keeping head and tail (prompt parts: a member
         prefix starts a sequence and gets the special tokens, an item suffix continues one and does not)."""
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)

@@ -136,8 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--item", type=int, default=40, help="Tokens per item")
     parser.add_argument("--items", default="1,10,50,200", help="Item counts")
     parser.add_argument("--seconds", type=float, default=3.0, help="Seconds per measurement")
+    parser.add_argument("--threads", type=int, default=0, help="PyTorch threads (0: its default)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.model == "student-shape":
         lm = student_shaped_lm()
     else:
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = [int(c) for c in args.items.split(",")]
     for row in measure(lm, args.prefix, args.item, counts, args.seconds):
         sys.stdout.write(json.dumps(row) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
