@@ -69,25 +69,31 @@ def test_parity_verdicts():
     assert swapped_pairs(np.array([1.0, 1.0005]), np.array([1.0005, 1.0]), tie_tolerance=1e-3) == 0
 
 
-def test_export_fails_on_broken_parity_and_publishes_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("mode", "check"), [("single", "check_scorer_parity"), ("multi_item", "check_multi_item_parity")]
+)
+def test_export_fails_on_broken_parity_and_publishes_nothing(tmp_path, monkeypatch, mode, check):
     import slimserve.export.pipeline as pipeline
 
-    real = pipeline.check_scorer_parity
+    real = getattr(pipeline, check)
 
-    def perturbed(graph, onnx_path, sequences, buckets, atol, rtol):
-        report = real(graph, onnx_path, sequences, buckets, atol, rtol)
+    def perturbed(*args, **kwargs):
+        report = real(*args, **kwargs)
         return pipeline.ParityReport(report.prompts, 1.0, report.tolerance, False, 3)
 
-    monkeypatch.setattr(pipeline, "check_scorer_parity", perturbed)
+    monkeypatch.setattr(pipeline, check, perturbed)
     repository = tmp_path / "repo"
+    config = ScorerExportConfig(teacher="tiny", model_repository=repository, scoring_mode=mode)
     with pytest.raises(ExportError, match=r"parity failed.*nothing published"):
-        export_scorer(ScorerExportConfig(teacher="tiny", model_repository=repository), command="t")
+        export_scorer(config, command="t")
     assert not repository.exists() or list_versions(repository, "scorer") == []
 
 
 def test_export_publishes_versions_with_card_and_bundle(tmp_path):
     repository = tmp_path / "repo"
-    config = ScorerExportConfig(teacher="tiny", model_repository=repository, length_buckets=(64, 256))
+    config = ScorerExportConfig(
+        teacher="tiny", model_repository=repository, length_buckets=(64, 256), prefix_max_tokens=128
+    )
     first = export_scorer(config, command="slimserve export --teacher tiny")
     second = export_scorer(config.model_copy(update={"seed": 1}), command="slimserve export --teacher tiny")
     assert (first.version, second.version) == (1, 2)
@@ -96,6 +102,7 @@ def test_export_publishes_versions_with_card_and_bundle(tmp_path):
     assert bundle.model_version == 2 and bundle.content_hash == second.content_hash
     assert bundle.prompt_template_version == SCORING_TEMPLATE_VERSION
     assert bundle.length_buckets == (64, 256)
+    assert bundle.multi_item and bundle.prompt_split.prefix_max_tokens == 128
     card = (second.model_dir / "MODEL_CARD.md").read_text()
     assert "ranking identical | yes" in card and "slimserve export --teacher tiny" in card
 
