@@ -45,6 +45,13 @@ class GrpcServiceConfig(ServiceConfig):
     drain_grace_s: float = Field(
         20.0, ge=0, description="On SIGTERM, how long in-flight RPCs may run before they are cancelled."
     )
+    drain_delay_s: float = Field(
+        1.0,
+        ge=0,
+        description="On SIGTERM, seconds between NOT_SERVING and refusing new RPCs: calls already on the "
+        "wire are still taken and served (a gRPC server cancels calls not yet matched to a handler when "
+        "it stops), and load balancers see NOT_SERVING first.",
+    )
     max_concurrent_rpcs: int | None = Field(
         None, ge=1, description="RPCs beyond this many in flight get RESOURCE_EXHAUSTED; unset = no limit."
     )

@@ -70,9 +70,12 @@ class ModelHealthWatcher:
             self._task = asyncio.create_task(self._run(), name="slimserve-model-health")
 
     async def stop(self) -> None:
-        """Mark every service NOT_SERVING for good (graceful shutdown) and stop polling."""
+        """Mark every service NOT_SERVING for good (graceful shutdown) and stop polling.
+
+        ``ready`` keeps its last value: the drain that calls this still serves the requests the gRPC
+        server accepted before it stopped taking new ones, and those whose handler had not yet reached
+        ``check_serving`` must not be refused as "not ready" (probes see NOT_SERVING at once)."""
         await self.servicer.enter_graceful_shutdown()
-        self._set_ready(False)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -190,6 +190,9 @@ class ServiceServer:
         if self.core is not None:
             await self.core.watcher.stop()
         if self._server is not None:
+            # Calls already sent but not yet matched to a handler would be cancelled by stop(): take
+            # them first (the core keeps serving; health already says NOT_SERVING).
+            await asyncio.sleep(min(self.config.drain_delay_s, grace))
             await self._server.stop(grace)
         if self.core is not None:
             await self.core.client.close()
