@@ -65,7 +65,9 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     output = second.stdout
     assert second.returncode == 0, output
     assert "stage teacher: done before with the same settings, skipped" in output
-    assert "stage distill: finished in" in output
+    # distill may have finished in the moment between the marker and the interrupt; the stages after
+    # it cannot have, so they run now
+    assert "stage int8: finished in" in output
     for row in ("| pruned (osscar) |", "| pruned (magnitude+refit) |", "| pruned (magnitude) |", "| INT8"):
         assert row in output, row  # the scorer's stage table
     assert "| generator (a)+(b) on-policy |" in output  # the generator's
