@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import prompts
-from .bundle import PromptSplit
+from .bundle import PromptSplit, TensorNames
 from .schema import Item, Member
 from .tokenization import PromptTokenizer, bucket_for, pad_multi_item
 
@@ -59,6 +59,9 @@ def encode_scoring(
     return ScoringTokens(prefix, suffixes)
 
 
+DEFAULT_TENSORS = TensorNames()
+
+
 @dataclass(frozen=True)
 class MultiItemRequest:
     """One multi-item model request: which candidates (by input index) and its tensors, one member:
@@ -72,6 +75,11 @@ class MultiItemRequest:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return self.prefix_ids, self.prefix_mask, self.item_ids, self.item_mask
+
+    def feed(self, tensors: TensorNames = DEFAULT_TENSORS) -> dict[str, np.ndarray]:
+        """The request as an ONNX Runtime feed of the multi-item graph (input name -> array)."""
+        names = (tensors.prefix_ids, tensors.prefix_mask, tensors.item_ids, tensors.item_mask)
+        return dict(zip(names, self.arrays(), strict=True))
 
 
 def multi_item_requests(

@@ -164,7 +164,7 @@ class _Publish:
 def floor(onnx: Path, workload: Workload, layout: str, bundle, seconds: float) -> tuple[float, float]:
     """(items/s, ms per call) of ONNX Runtime on the tensors the service sends for the workload's calls."""
     from ..evaluation.throughput import scorer_session
-    from ..export.parity import MULTI_ITEM_INPUTS, padded_batches
+    from ..export.parity import padded_batches
     from ..scoring_tokens import multi_item_requests
 
     session, _ = scorer_session(onnx)
@@ -172,7 +172,7 @@ def floor(onnx: Path, workload: Workload, layout: str, bundle, seconds: float) -
     for tokens in workload.tokens:
         if layout == SCORING_MULTI_ITEM:
             requests = multi_item_requests(tokens, bundle.item_length_buckets, bundle.max_items_per_request)
-            calls.append([dict(zip(MULTI_ITEM_INPUTS, r.arrays(), strict=True)) for r in requests])
+            calls.append([r.feed() for r in requests])
         else:
             batches = padded_batches(tokens.sequences(), bundle.length_buckets, batch_size=len(tokens.items))
             calls.append([{"input_ids": ids, "attention_mask": mask} for _, ids, mask in batches])

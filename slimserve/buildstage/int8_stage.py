@@ -65,13 +65,12 @@ def onnx_multi_item_margin(onnx_path: Path, groups: list, count: int, layout) ->
 def multi_item_calibration(data: BuildData, count: int, layout) -> list[dict[str, np.ndarray]]:
     """Static INT8 calibration feeds of the multi-item graph: the first ``count`` training examples,
     one member per feed."""
-    from ..export.parity import MULTI_ITEM_INPUTS
     from ..scoring_tokens import multi_item_requests
 
     feeds = []
     for group in data.calibration_groups(count):
         for request in multi_item_requests(group, layout.item_length_buckets, layout.max_items_per_request):
-            feeds.append(dict(zip(MULTI_ITEM_INPUTS, request.arrays(), strict=True)))
+            feeds.append(request.feed())
     return feeds
 
 

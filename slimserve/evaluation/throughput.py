@@ -93,8 +93,7 @@ def multi_item_feeds(members: Sequence, count: int, item_buckets: Sequence[int])
     for member in members:
         items = [member.items[i % len(member.items)] for i in range(count)]
         (request,) = multi_item_requests(ScoringTokens(member.prefix, items), item_buckets, count)
-        names = ("prefix_ids", "prefix_mask", "item_ids", "item_mask")
-        feeds.append(dict(zip(names, request.arrays(), strict=True)))
+        feeds.append(request.feed())
     return feeds
 
 

@@ -78,9 +78,6 @@ def single_sequence_scores(graph, sequences: list[list[int]], buckets, batch_siz
     return out
 
 
-MULTI_ITEM_INPUTS = ("prefix_ids", "prefix_mask", "item_ids", "item_mask")
-
-
 def multi_item_onnx_scores(session, members: list, requests_of) -> list[np.ndarray]:
     """ONNX Runtime scores of a multi-item graph, one array per member (``members`` have ``prefix`` and
     ``items``), each member's candidates sent as ``requests_of(member)`` gives them (the service's
@@ -90,7 +87,7 @@ def multi_item_onnx_scores(session, members: list, requests_of) -> list[np.ndarr
     for member in members:
         out = np.zeros(len(member.items), dtype=np.float64)
         for request in requests_of(member):
-            feed = dict(zip(MULTI_ITEM_INPUTS, request.arrays(), strict=True))
+            feed = request.feed()
             out[list(request.indices)] = session.run(None, {n: feed[n] for n in names})[0][0]
         scores.append(out)
     return scores
