@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
-SCORING_TEMPLATE_VERSION = "scoring-v4"
+SCORING_TEMPLATE_VERSION = "scoring-v5"
 # Templates whose prompt is one text tokenized as a whole (no member prefix / item suffix split). Their
 # bundles are still served, by the single-sequence scorer.
 WHOLE_TEXT_TEMPLATES = ("scoring-v3",)
+# Older split templates whose bundles are still served. ``scoring-v4`` asked the question after every
+# item; ``scoring-v5`` asks it once, at the end of the member prefix (16 fewer tokens per candidate).
+OLDER_SPLIT_TEMPLATES = ("scoring-v4",)
+SERVED_TEMPLATES = (SCORING_TEMPLATE_VERSION, *OLDER_SPLIT_TEMPLATES, *WHOLE_TEXT_TEMPLATES)
 
 # The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
 # because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
@@ -119,27 +123,37 @@ def render_match(member: Member, item: Item) -> str:
     )
 
 
-def render_member_prefix(member: Member) -> str:
-    """The member prefix of a scoring prompt (profile and activity): the same for all candidates of a
-    Score call, so multi-item scoring computes it once."""
-    return render_member(member)
+def _question_once(version: str) -> bool:
+    """Whether ``version`` asks the question once per member (``scoring-v5``) or after every item."""
+    if version not in SERVED_TEMPLATES:
+        raise ValueError(f"unknown scoring template {version!r}; known: {', '.join(SERVED_TEMPLATES)}")
+    return version == SCORING_TEMPLATE_VERSION
 
 
-def render_item_suffix(member: Member, item: Item) -> str:
-    """The item suffix of a scoring prompt: the candidate, its match line, the question, the answer cue."""
-    kind = _KIND_TEXT[item.kind]
-    return (
-        f"{render_item(item)}"
-        f"{render_match(member, item)}"
-        f"Question: Will this member engage with this {kind}? Answer Yes or No.\n"
-        f"Answer:"
-    )
+def _question(kind: str) -> str:
+    return f"Question: Will this member engage with {kind}? Answer Yes or No.\n"
 
 
-def render_scoring_prompt(member: Member, item: Item) -> str:
-    """The full scoring prompt as one text: member prefix + item suffix (``scoring-v3`` tokenizes it
-    whole; ``scoring-v4`` tokenizes the two parts separately, see ``slimserve.scoring_tokens``)."""
-    return render_member_prefix(member) + render_item_suffix(member, item)
+def render_member_prefix(member: Member, version: str = SCORING_TEMPLATE_VERSION) -> str:
+    """The member prefix of a scoring prompt (profile, activity and, from ``scoring-v5``, the question):
+    the same for all candidates of a Score call, so multi-item scoring computes it once."""
+    question = _question("the item below") if _question_once(version) else ""
+    return render_member(member) + question
+
+
+def render_item_suffix(member: Member, item: Item, version: str = SCORING_TEMPLATE_VERSION) -> str:
+    """The item suffix of a scoring prompt: the candidate, its match line (the question, before
+    ``scoring-v5``) and the answer cue."""
+    question = "" if _question_once(version) else _question(f"this {_KIND_TEXT[item.kind]}")
+    return f"{render_item(item)}{render_match(member, item)}{question}Answer:"
+
+
+def render_scoring_prompt(member: Member, item: Item, version: str = SCORING_TEMPLATE_VERSION) -> str:
+    """The full scoring prompt as one text: member prefix + item suffix (``scoring-v3`` tokenizes the
+    ``scoring-v4`` text whole; split templates tokenize the two parts apart, see
+    ``slimserve.scoring_tokens``)."""
+    split_version = OLDER_SPLIT_TEMPLATES[0] if version in WHOLE_TEXT_TEMPLATES else version
+    return render_member_prefix(member, split_version) + render_item_suffix(member, item, split_version)
 
 
 # The reasoning workload: the generator explains why an item suits a member. The text is the user turn

@@ -1,10 +1,10 @@
 """Scoring prompts as token ids, exactly as the bundle's template says: the one function the build, the
 export parity check, the benchmarks and the scoring service all call.
 
-``scoring-v4`` (split) prompts are a member prefix and one item suffix per candidate, tokenized apart
-(the prefix with the tokenizer's special tokens, the suffixes without) and cut to their budgets; the
-model input of candidate i is ``prefix + items[i]``. ``scoring-v3`` (whole text) prompts are tokenized
-as one text per candidate; they have no prefix.
+Split prompts (``scoring-v5``, ``scoring-v4``) are a member prefix and one item suffix per candidate,
+tokenized apart (the prefix with the tokenizer's special tokens, the suffixes without) and cut to their
+budgets; the model input of candidate i is ``prefix + items[i]``. ``scoring-v3`` (whole text) prompts
+are tokenized as one text per candidate; they have no prefix.
 """
 
 from __future__ import annotations
@@ -43,16 +43,20 @@ def encode_scoring(
     member: Member,
     items: Sequence[Item],
     split: PromptSplit | None,
+    template_version: str = prompts.SCORING_TEMPLATE_VERSION,
 ) -> ScoringTokens:
-    """Tokens of ``member``'s prompts for ``items``: split by ``split``, or whole texts when None."""
+    """Tokens of ``member``'s prompts for ``items`` in ``template_version`` (a bundle's; the build's
+    own by default): split by ``split``, or whole texts when None."""
     if split is None:
-        texts = [prompts.render_scoring_prompt(member, item) for item in items]
+        texts = [prompts.render_scoring_prompt(member, item, template_version) for item in items]
         return ScoringTokens([], tokenizer.encode(texts))
     (prefix,) = tokenizer.encode_within(
-        [prompts.render_member_prefix(member)], split.prefix_max_tokens, add_special_tokens=True
+        [prompts.render_member_prefix(member, template_version)],
+        split.prefix_max_tokens,
+        add_special_tokens=True,
     )
     suffixes = tokenizer.encode_within(
-        [prompts.render_item_suffix(member, item) for item in items],
+        [prompts.render_item_suffix(member, item, template_version) for item in items],
         split.item_max_tokens,
         add_special_tokens=False,
     )

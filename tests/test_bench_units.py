@@ -256,3 +256,29 @@ def test_report_files(tmp_path):
     assert results["stages"][2]["served_items_per_s"] == pytest.approx(90.0)
     assert len(results["grpc_load"]) == 9 and len(list((out / "configs").iterdir())) == 4
     assert (out / "grpc_load.csv").read_text().splitlines()[0].startswith("variant,batching,method,mode")
+
+
+def test_report_puts_the_layouts_side_by_side(tmp_path):
+    from slimserve.bench.layouts import LayoutPoint, LayoutResult
+    from slimserve.bench.report import ReportInputs, write_report
+
+    def point(layout, n, floor, served, p50):
+        return LayoutPoint(layout, n, floor, n / floor * 1e3, [_point("closed", 2, served, p50, 2 * p50)])
+
+    result = _result()
+    result.layouts = LayoutResult(
+        [
+            point("single", 50, 100.0, 80.0, 600.0),
+            point("multi_item", 50, 400.0, 360.0, 150.0),
+        ],
+        {"candidates": [50]},
+        {"single": "a.onnx", "multi_item": "b.onnx"},
+    )
+    machine = {"cpu": "x", "cores": 2, "memory_gb": 1, "os": "l", "python": "3", "load_average_1_5_15": [0]}
+    out = tmp_path / "run"
+    text = write_report(result, ReportInputs("cmd", machine, {}), out).read_text()
+    assert "## Multi-item vs single-sequence scoring, same student" in text
+    assert "| 50 | 4.50x | 4.00x | 4.00x |" in text  # served items/s, p50 single / multi, floor
+    rows = (out / "layouts.csv").read_text().splitlines()
+    assert rows[0].startswith("layout,candidates,floor_items_per_s") and len(rows) == 3
+    assert json.loads((out / "results.json").read_text())["layouts"]["points"][1]["layout"] == "multi_item"

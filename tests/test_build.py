@@ -61,7 +61,7 @@ def test_every_stage_runs_and_the_int8_student_is_published(built):
     assert [s["stage"] for s in report["stages"]] == stages
     bundle = load_bundle(bundle_dir_for(recipe.publish.model_repository, "scorer"))
     assert bundle.model_version == result.published.version == 1
-    assert bundle.multi_item and bundle.prompt_template_version == "scoring-v4"
+    assert bundle.multi_item and bundle.prompt_template_version == "scoring-v5"
     card = (result.published.path / "MODEL_CARD.md").read_text()
     assert "| pruned + re-distilled |" in card and "slimserve build" in card
 

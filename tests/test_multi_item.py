@@ -13,7 +13,7 @@ from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.export.scorer_graph import ScorerGraph
 from slimserve.export.teacher import default_tokenizer_file, load_teacher
 from slimserve.models.multi_item import MultiItemScorer
-from slimserve.prompts import render_member_prefix, render_scoring_prompt
+from slimserve.prompts import render_item_suffix, render_member_prefix, render_scoring_prompt
 from slimserve.scoring_tokens import encode_scoring, multi_item_requests
 from slimserve.tokenization import PromptTokenizer, pad_batch, pad_multi_item
 
@@ -58,6 +58,29 @@ def test_multi_item_equals_single_sequence_on_real_prompts(tokenizer, graphs):
     assert len({len(i) for i in tokens.items}) > 1  # mixed lengths
     multi = multi_scores(scorer, [tokens], item_length=128)[0]
     np.testing.assert_allclose(multi, single_scores(graph, tokens.sequences()), atol=1e-5)
+
+
+def test_v5_asks_the_question_once_and_older_bundles_keep_their_text(tokenizer):
+    item = example_candidates(1)[0]
+    prefix, suffix = render_member_prefix(EXAMPLE_MEMBER), render_item_suffix(EXAMPLE_MEMBER, item)
+    assert prefix.endswith("Question: Will this member engage with the item below? Answer Yes or No.\n")
+    assert "Question" not in suffix and suffix.endswith("Answer:")
+    old_suffix = render_item_suffix(EXAMPLE_MEMBER, item, "scoring-v4")
+    assert "Question: Will this member engage with this job?" in old_suffix
+    assert "Question" not in render_member_prefix(EXAMPLE_MEMBER, "scoring-v4")
+    whole = render_scoring_prompt(EXAMPLE_MEMBER, item, "scoring-v3")
+    assert (
+        whole
+        == render_scoring_prompt(EXAMPLE_MEMBER, item, "scoring-v4")
+        != render_scoring_prompt(EXAMPLE_MEMBER, item)
+    )
+    with pytest.raises(ValueError, match="unknown scoring template 'scoring-v9'"):
+        render_member_prefix(EXAMPLE_MEMBER, "scoring-v9")
+    items = example_candidates(4)
+    new = encode_scoring(tokenizer, EXAMPLE_MEMBER, items, SPLIT)
+    old = encode_scoring(tokenizer, EXAMPLE_MEMBER, items, SPLIT, "scoring-v4")
+    assert len(new.prefix) > len(old.prefix)
+    assert all(len(a) < len(b) for a, b in zip(new.items, old.items, strict=True))
 
 
 def test_a_single_candidate(tokenizer, graphs):

@@ -224,6 +224,16 @@ def test_template_version_mismatch_is_refused(tmp_path):
     assert load_bundle(repo / "scorer" / "1" / "bundle").prompt_template_version == "scoring-v0"
 
 
+def test_older_templates_are_served_with_their_own_text(tmp_path):
+    cores = {}
+    for version in ("scoring-v3", "scoring-v4", prompts.SCORING_TEMPLATE_VERSION):
+        (tmp_path / version).mkdir()
+        cores[version] = ScoringCore.from_config(config_for(make_bundle(tmp_path / version, template=version)))
+    items = [schema.Item(id="j1", title="Job 1")]
+    ids = {v: core.prepare(MEMBER, items)[0].attention_mask.sum() for v, core in cores.items()}
+    assert ids["scoring-v3"] == ids["scoring-v4"] != ids[prompts.SCORING_TEMPLATE_VERSION]
+
+
 def test_rank_orders_by_score_stable_and_cuts():
     items = [schema.Item(id=k) for k in "abcde"]
     scores = np.array([0.5, 2.0, 0.5, np.nan, 3.0], dtype=np.float32)

@@ -230,6 +230,15 @@ def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--perf-window-requests", type=int, default=100, help="perf_analyzer window size")
     parser.add_argument("--no-pytorch", action="store_true", help="skip the PyTorch baseline")
+    parser.add_argument(
+        "--layout-candidates",
+        type=_numbers(int),
+        default=(1, 10, 50, 200),
+        help="candidates per call of the multi-item vs single-sequence comparison (a multi-item --build-dir)",
+    )
+    parser.add_argument(
+        "--no-layouts", action="store_true", help="skip the multi-item vs single-sequence comparison"
+    )
     _add_workload_args(parser)
 
 
@@ -274,7 +283,24 @@ def _compare(args: argparse.Namespace):
         perf_window_requests=args.perf_window_requests,
         pytorch=not args.no_pytorch,
     )
-    return run_compare(variants, bundle_dir, workload, settings)
+    result = run_compare(variants, bundle_dir, workload, settings)
+    result.layouts = _compare_layouts(args, bundle_dir, dataset)
+    return result
+
+
+def _compare_layouts(args: argparse.Namespace, bundle_dir: Path, dataset: Path | None):
+    """Multi-item vs single-sequence of the build's student, when the build published multi-item."""
+    from .layouts import LayoutSettings, graphs_from_build, run_layouts
+
+    if args.no_layouts or not args.build_dir:
+        return None
+    try:
+        graphs = graphs_from_build(args.build_dir)
+    except FileNotFoundError as exc:
+        print(f"layouts: skipped ({exc})")
+        return None
+    settings = LayoutSettings(candidates=args.layout_candidates, max_seconds=args.max_seconds)
+    return run_layouts(bundle_dir, graphs, dataset, settings)
 
 
 def _add_compare(kinds) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..cache import cache_dir
 from .grpc_load import LoadPlan, LoadPoint, bench_service, open_loop, score_call, score_requests
 from .inprocess import ORT_FLOOR, EngineResult, load_torch_scorer, onnx_floor, torch_speed
+from .layouts import LayoutResult
 from .perf_analyzer import PerfPoint, PerfSettings
 from .variants import Batching, Variant, batching_configs, template_note, write_variant_repository
 from .workload import Workload
@@ -86,6 +87,7 @@ class CompareResult:
     seconds: float = 0.0
     stages: dict[str, str] = field(default_factory=dict)  # variant -> build-report stage
     notes: list[str] = field(default_factory=list)
+    layouts: LayoutResult | None = None  # multi-item vs single-sequence of the published student
 
     @property
     def variants(self) -> list[str]:

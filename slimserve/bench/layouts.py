@@ -254,6 +254,11 @@ def run_layouts(
     )
 
 
+def layout_rows(result: LayoutResult) -> list[dict]:
+    """One CSV row per layout and candidate count (the best served point; every point is in the JSON)."""
+    return [{k: v for k, v in p.as_dict().items() if k != "points"} for p in result.points]
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 

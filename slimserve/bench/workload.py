@@ -122,6 +122,11 @@ def load_workload(
     bundle = load_bundle(Path(bundle_dir))
     tokenizer = PromptTokenizer(Path(bundle_dir) / TOKENIZER_FILE, bundle.max_length)
     calls, source = load_calls(dataset_dir, requests=requests, candidates=candidates, split=split, seed=seed)
-    tokens = [encode_scoring(tokenizer, call.member, call.items, bundle.prompt_split) for call in calls]
+    tokens = [
+        encode_scoring(
+            tokenizer, call.member, call.items, bundle.prompt_split, bundle.prompt_template_version
+        )
+        for call in calls
+    ]
     sequences = [seq for call in tokens for seq in call.sequences()]
     return Workload(calls, sequences, tuple(sorted(bundle.length_buckets)), source, tokens)

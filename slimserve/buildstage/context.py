@@ -65,7 +65,8 @@ def prepare_data(recipe: Recipe, dataset_dir: Path, tokenizer_file: Path) -> Bui
         "pool": settings.max_pool,
     }
     tokenizer = PromptTokenizer(tokenizer_file, max_length=max(recipe.publish.length_buckets))
-    examples = {name: splits.by_name(name)[: caps[name]] for name in SPLITS}
+    examples = {name: splits.by_name(name)[: caps[name]] for name in SPLITS if name != "pool"}
+    examples["pool"] = trained_members_pool(splits.pool, examples["train"], caps["pool"])
     split = recipe.publish.prompt_split()
     encoded = {name: encode_member_groups(items, tokenizer, split) for name, items in examples.items()}
     groups = {name: value[0] for name, value in encoded.items()}
@@ -78,6 +79,14 @@ def prepare_data(recipe: Recipe, dataset_dir: Path, tokenizer_file: Path) -> Bui
     bayes = _bayes_optimal_auc(dataset_dir, examples["test"], labels["test"])
     log.info("data: %s", ", ".join(f"{n} {len(examples[n])} ({len(groups[n])} members)" for n in SPLITS))
     return BuildData(tokenizer, examples, sequences, labels, member_ids, bayes, groups)
+
+
+def trained_members_pool(pool: list, train: list, count: int) -> list:
+    """The first ``count`` pool pairs of members in ``train``: distillation then reads each member once
+    for its labelled and its pool pairs (one multi-item prefix pass), instead of once more per pool pair
+    of a member seen nowhere else."""
+    members = {e.member_id for e in train}
+    return [e for e in pool if e.member_id in members][:count]
 
 
 def _bayes_optimal_auc(dataset_dir: Path, examples: list, labels: np.ndarray) -> float | None:

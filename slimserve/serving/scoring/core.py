@@ -90,7 +90,7 @@ class ScoringCore(ServiceCore):
             directory,
             bundle.prompt_template_version,
             prompts.SCORING_TEMPLATE_VERSION,
-            also_served=prompts.WHOLE_TEXT_TEMPLATES,
+            also_served=prompts.SERVED_TEMPLATES,
         )
         tokenizer = PromptTokenizer(directory / TOKENIZER_FILE, bundle.max_length)
         for word, expected in (
@@ -147,7 +147,9 @@ class ScoringCore(ServiceCore):
     ) -> list[Chunk] | list[MultiItemRequest]:
         """Render, tokenize, bucket and pad: the Triton requests of one Score call."""
         bundle = self.bundle
-        tokens = encode_scoring(self.tokenizer, member, candidates, bundle.prompt_split)
+        tokens = encode_scoring(
+            self.tokenizer, member, candidates, bundle.prompt_split, bundle.prompt_template_version
+        )
         if bundle.multi_item:
             return multi_item_requests(
                 tokens, bundle.item_length_buckets, bundle.max_items_per_request, self.tokenizer.pad_token_id
