@@ -456,8 +456,36 @@ def _run_generators(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- faults ---------------------------------------------------------------------------------------------
+def _add_faults(kinds) -> None:
+    from ..settings import add_config_flags
+    from .faults.config import FaultsConfig
+
+    parser = kinds.add_parser(
+        "faults",
+        help="fuzz, overload, Triton killed/frozen, SIGTERM, publish (and soak) against a stack it starts",
+    )
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with FaultsConfig settings")
+    add_config_flags(parser, FaultsConfig)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.set_defaults(handler=_run_faults)
+
+
+def _run_faults(args: argparse.Namespace) -> int:
+    from ..settings import config_from_args
+    from .faults import FaultsConfig, format_faults_table, run_faults
+
+    config = config_from_args(FaultsConfig, args, args.config)
+    results = run_faults(config, on_result=lambda r: print(format_faults_table([r]), flush=True))
+    missed = [r.case for r in results if not r.met]
+    print(f"\n{format_faults_table(results)}\n\ncommand: {_command_line()}")
+    print("targets: all met" if not missed else f"targets missed in: {', '.join(missed)}")
+    _write_json(args.json, {"command": _command_line(), "cases": [r.as_dict() for r in results]})
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
-    """``slimserve bench {latency,triton,grpc,compare,report,layouts,generators}``."""
+    """``slimserve bench {latency,triton,grpc,compare,report,layouts,generators,faults}``."""
     parser = subparsers.add_parser("bench", help="benchmarks: perf_analyzer, gRPC load, comparison, report")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (
@@ -468,5 +496,6 @@ def add_bench_commands(subparsers) -> None:
         _add_report,
         _add_layouts,
         _add_generators,
+        _add_faults,
     ):
         add(kinds)

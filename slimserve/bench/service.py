@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -61,11 +62,34 @@ def reasoning_service(
         yield target
 
 
+@dataclass(frozen=True)
+class ServiceProcess:
+    """A started service child process: where it listens, the process (pid, signals) and its log."""
+
+    target: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
 @contextlib.contextmanager
 def service_process(
     subcommand: str, bundle_dir: Path, triton_url: str, timeout_s: float, **settings: object
 ) -> Iterator[str]:
     """Run ``slimserve <subcommand>`` on a free loopback port until the block ends (SIGTERM, then kill)."""
+    with running_service(subcommand, bundle_dir, triton_url, timeout_s, **settings) as service:
+        yield service.target
+
+
+@contextlib.contextmanager
+def running_service(
+    subcommand: str, bundle_dir: Path, triton_url: str, timeout_s: float, **settings: object
+) -> Iterator[ServiceProcess]:
+    """``service_process``, yielding the process too (``slimserve bench faults`` signals it and reads its
+    memory). Flags in ``settings`` come after the defaults here, so they override them."""
     port = free_port()
     command = [
         sys.executable,
@@ -99,7 +123,7 @@ def service_process(
     target = f"127.0.0.1:{port}"
     try:
         wait_serving(target, process, timeout_s, log_path)
-        yield target
+        yield ServiceProcess(target, process, log_path)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
