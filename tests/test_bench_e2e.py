@@ -48,6 +48,21 @@ def test_perf_analyzer_on_the_tiny_scorer(tiny_repository, tiny_triton, tiny_bun
     assert all(p.model == "scorer" and p.infer_per_s > 0 and 0 < p.p50_ms <= p.p99_ms for p in points)
 
 
+def test_perf_analyzer_on_the_tiny_multi_item_scorer(tiny_multi_item_repository, tiny_multi_item_triton):
+    workload = load_workload(bundle_dir_for(tiny_multi_item_repository, "scorer"), requests=6, candidates=3)
+    points = run_triton_bench(
+        tiny_multi_item_repository,
+        workload,
+        triton_url=tiny_multi_item_triton.grpc_url,
+        concurrencies=(1,),
+        settings=PerfSettings(window_requests=20),
+    )
+    assert [(p.mode, p.load, p.bucket) for p in points] == [("concurrency", 1.0, 3)]
+    (point,) = points
+    assert point.infer_per_s > 0 and 0 < point.p50_ms <= point.p99_ms
+    assert point.items_per_s == pytest.approx(3 * point.infer_per_s)  # three candidates per request
+
+
 def test_bench_triton_command_rejects_unknown_model(tiny_repository, tiny_triton, capsys):
     code = main(
         ["bench", "triton", "--model-repository", str(tiny_repository), "--triton-url", tiny_triton.grpc_url,

@@ -125,6 +125,10 @@ def test_workload_requests_from_a_dataset_split():
     assert len({c.member.id for c in calls}) == 5
     with pytest.raises(ValueError):
         build_calls([], 0, 1)
+    many, _ = load_calls(None, requests=3, candidates=40)  # topped up with distinct items only
+    assert all(len({item.id for item in c.items}) == 40 for c in many)
+    with pytest.raises(ValueError, match="distinct items"):
+        load_calls(None, requests=1, candidates=100_000)
 
 
 def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
@@ -282,3 +286,17 @@ def test_report_puts_the_layouts_side_by_side(tmp_path):
     rows = (out / "layouts.csv").read_text().splitlines()
     assert rows[0].startswith("layout,candidates,floor_items_per_s") and len(rows) == 3
     assert json.loads((out / "results.json").read_text())["layouts"]["points"][1]["layout"] == "multi_item"
+
+
+def test_multi_item_input_data_keeps_each_request_shape():
+    from slimserve.bench.perf_analyzer import multi_item_input_data_json
+    from slimserve.scoring_tokens import ScoringTokens, multi_item_requests
+
+    short = multi_item_requests(ScoringTokens([1, 2, 3], [[4], [5, 6]]), (2, 4), 8)
+    long = multi_item_requests(ScoringTokens([1, 2], [[7, 8, 9]]), (2, 4), 8)
+    data = multi_item_input_data_json(short + long)["data"]
+    assert [e["item_ids"]["shape"] for e in data] == [[2, 2], [1, 4]]
+    assert data[0]["prefix_ids"] == {"content": [1, 2, 3], "shape": [3]}
+    assert data[0]["item_mask"]["content"] == [1, 0, 1, 1]
+    with pytest.raises(ValueError, match="input_ids"):
+        multi_item_input_data_json(short, ("input_ids",))

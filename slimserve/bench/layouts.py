@@ -28,12 +28,14 @@ import numpy as np
 
 from ..bundle import SCORING_MULTI_ITEM, SCORING_SINGLE, TOKENIZER_FILE, load_bundle
 from ..cache import cache_dir
+from ..export.scoring_layout import ScoringLayout
 from .grpc_load import LoadPlan, LoadPoint, bench_service, score_requests
 from .workload import Workload, load_workload
 
 log = logging.getLogger(__name__)
 
 LAYOUTS = (SCORING_SINGLE, SCORING_MULTI_ITEM)
+_LAYOUT_DEFAULTS = ScoringLayout.model_fields
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,9 @@ def write_layout_repository(repository: Path, bundle_dir: Path, onnx: Path, layo
         bundle,
         scoring_mode=layout,
         max_batch_size=bundle.max_batch_size if multi else 64,
-        item_length_buckets=bundle.item_length_buckets or (32, 64, 128),
-        max_items_per_request=bundle.max_items_per_request or 256,
+        item_length_buckets=bundle.item_length_buckets or _LAYOUT_DEFAULTS["item_length_buckets"].default,
+        max_items_per_request=bundle.max_items_per_request
+        or _LAYOUT_DEFAULTS["max_items_per_request"].default,
     )
     settings = _Publish(bundle.model_name)
     spec = scorer_spec(settings, bundle, {"source_model": bundle.source_model, "bench_layout": layout})

@@ -211,8 +211,35 @@ def input_data_json(
 
 
 def write_input_data(path: Path, sequences: list[list[int]], length: int, names: Iterable[str]) -> Path:
+    return write_json(path, input_data_json(sequences, length, names))
+
+
+MULTI_ITEM_INPUTS = ("prefix_ids", "prefix_mask", "item_ids", "item_mask")
+
+
+def multi_item_input_data_json(requests: list, names: Iterable[str] = MULTI_ITEM_INPUTS) -> dict:
+    """perf_analyzer ``--input-data`` content for the multi-item scorer: one entry per request exactly as
+    the service sends it (``MultiItemRequest``: the prefix once, the items padded to their bucket), each
+    with its own shapes (without the batch dimension), so requests of different lengths mix."""
+    names = tuple(names)
+    unknown = sorted(set(names) - set(MULTI_ITEM_INPUTS))
+    if unknown:
+        raise ValueError(f"input data: cannot make real data for inputs {unknown}")
+    entries = []
+    for request in requests:
+        arrays = dict(zip(MULTI_ITEM_INPUTS, request.arrays(), strict=True))
+        entries.append(
+            {
+                name: {"content": arrays[name][0].ravel().tolist(), "shape": list(arrays[name].shape[1:])}
+                for name in names
+            }
+        )
+    return {"data": entries}
+
+
+def write_json(path: Path, data: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(input_data_json(sequences, length, names)))
+    path.write_text(json.dumps(data))
     return path
 
 
@@ -262,10 +289,11 @@ class PerfPoint:
     server_queue_ms: float
     server_compute_ms: float
     extra: dict = field(default_factory=dict)
+    items_per_inference: float = 1.0  # candidates per request (multi-item: the request's items)
 
     @property
     def items_per_s(self) -> float:
-        return self.infer_per_s * self.batch_size
+        return self.infer_per_s * self.batch_size * self.items_per_inference
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -287,7 +315,9 @@ def _number(row: dict, column: str) -> float:
         raise ValueError(f"perf_analyzer CSV: column {column!r} holds {value!r}, not a number") from None
 
 
-def parse_perf_csv(text: str, model: str, bucket: int, batch_size: int = 1) -> list[PerfPoint]:
+def parse_perf_csv(
+    text: str, model: str, bucket: int, batch_size: int = 1, items_per_inference: float = 1.0
+) -> list[PerfPoint]:
     """Typed points from perf_analyzer's ``-f`` CSV (latency columns are microseconds).
 
     Only the first table is read (``--collect-metrics`` appends server metrics after a blank line).
@@ -324,6 +354,7 @@ def parse_perf_csv(text: str, model: str, bucket: int, batch_size: int = 1) -> l
                 server_queue_ms=_number(row, "Server Queue") / 1000,
                 server_compute_ms=compute / 1000,
                 extra={k: v for k, v in row.items() if k not in known},
+                items_per_inference=items_per_inference,
             )
         )
     return points

@@ -22,13 +22,16 @@ from pathlib import Path
 from ..export.repository import CONFIG_FILE
 from ..export.triton_config import parse_config_pbtxt
 from .perf_analyzer import (
+    MULTI_ITEM_INPUTS,
     PerfPoint,
     PerfSettings,
     find_perf_analyzer,
     measure_point,
+    multi_item_input_data_json,
     parse_perf_csv,
     perf_command,
     write_input_data,
+    write_json,
 )
 from .workload import Workload
 
@@ -45,6 +48,7 @@ class BenchModel:
     inputs: tuple[str, ...]
     streaming: bool
     generator: bool = False
+    multi_item: bool = False
 
 
 def bench_models(repository: Path, names: tuple[str, ...] = ()) -> list[BenchModel]:
@@ -60,6 +64,9 @@ def bench_models(repository: Path, names: tuple[str, ...] = ()) -> list[BenchMod
         if required and required <= set(SCORER_INPUTS):
             inputs = tuple(t.name for t in config.input if t.name in SCORER_INPUTS)
             found.append(BenchModel(name, inputs, decoupled))
+        elif required == set(MULTI_ITEM_INPUTS):
+            inputs = tuple(t.name for t in config.input if t.name in MULTI_ITEM_INPUTS)
+            found.append(BenchModel(name, inputs, decoupled, multi_item=True))
         elif required == set(GENERATOR_INPUTS):
             found.append(BenchModel(name, GENERATOR_INPUTS, decoupled, generator=True))
         else:
@@ -122,17 +129,17 @@ def run_triton_bench(
         tempfile.TemporaryDirectory(prefix="slimserve-perf-") as tmp,
     ):
         for model in targets:
-            inputs = (
-                [
-                    (
-                        0,
-                        generator_input_data(
-                            Path(tmp) / f"{model.name}.json", repository, model.name, workload, max_tokens
-                        ),
-                    )
-                ]
-                if model.generator
-                else [
+            items_per_inference = 1.0
+            if model.generator:
+                path = Path(tmp) / f"{model.name}.json"
+                inputs = [(0, generator_input_data(path, repository, model.name, workload, max_tokens))]
+            elif model.multi_item:
+                requests = multi_item_workload_requests(repository, model.name, workload)
+                data = multi_item_input_data_json(requests, model.inputs)
+                inputs = [(len(workload.calls[0].items), write_json(Path(tmp) / f"{model.name}.json", data))]
+                items_per_inference = sum(len(r.indices) for r in requests) / len(requests)
+            else:
+                inputs = [
                     (
                         bucket,
                         write_input_data(
@@ -141,7 +148,6 @@ def run_triton_bench(
                     )
                     for bucket in chosen
                 ]
-            )
             for bucket, data in inputs:
                 for mode, load in loads:
                     csv_path = Path(tmp) / f"{model.name}-{bucket}-{mode}-{load:g}.csv"
@@ -159,8 +165,26 @@ def run_triton_bench(
                     )
                     log.info("perf_analyzer: %s bucket %d %s %g", model.name, bucket, mode, load)
                     text = measure_point(command, csv_path, settings)
-                    points += parse_perf_csv(text, model.name, bucket, settings.batch_size)
+                    points += parse_perf_csv(
+                        text, model.name, bucket, settings.batch_size, items_per_inference
+                    )
     return points
+
+
+def multi_item_workload_requests(repository: Path, model: str, workload: Workload) -> list:
+    """The multi-item requests the service would send for the workload's calls (the model's bundle:
+    its item buckets and most items per request)."""
+    from ..bundle import bundle_dir_for, load_bundle
+    from ..scoring_tokens import multi_item_requests
+
+    bundle = load_bundle(bundle_dir_for(repository, model))
+    if not workload.tokens or not workload.tokens[0].prefix:
+        raise ValueError(f"{model}: a multi-item scorer needs a workload tokenized with a member prefix")
+    return [
+        request
+        for tokens in workload.tokens
+        for request in multi_item_requests(tokens, bundle.item_length_buckets, bundle.max_items_per_request)
+    ]
 
 
 def generator_input_data(

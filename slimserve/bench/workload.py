@@ -82,15 +82,21 @@ def build_calls(examples: list, requests: int, candidates: int) -> list[ScoreCal
     by_member: dict[str, list] = defaultdict(list)
     for example in examples:
         by_member[example.member_id].append(example)
-    all_items = [e.item for e in examples]
+    distinct = list({e.item.id: e.item for e in examples}.values())
+    if len(distinct) < candidates:
+        raise ValueError(f"the split has {len(distinct)} distinct items, fewer than {candidates} candidates")
     calls, filler = [], 0
     members = list(by_member.values())
     while len(calls) < requests:
         group = members[len(calls) % len(members)]
-        items = [e.item for e in group][:candidates]
-        while len(items) < candidates:
-            items.append(all_items[filler % len(all_items)])
+        items = list({e.item.id: e.item for e in group}.values())[:candidates]
+        taken = {item.id for item in items}
+        while len(items) < candidates:  # distinct ids: the service refuses duplicates
+            item = distinct[filler % len(distinct)]
             filler += 1
+            if item.id not in taken:
+                items.append(item)
+                taken.add(item.id)
         calls.append(ScoreCall(group[0].member, tuple(items)))
     return calls
 

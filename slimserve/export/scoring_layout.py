@@ -24,7 +24,9 @@ class ScoringLayout(BaseModel):
     prefix_max_tokens: int = Field(320, ge=8, description="Token budget of the member prefix")
     item_max_tokens: int = Field(128, ge=8, description="Token budget of one item suffix")
     item_length_buckets: tuple[int, ...] = Field(
-        (32, 64, 128), description="Multi-item: item-suffix length buckets (the largest >= item_max_tokens)"
+        (32, 48, 64, 80, 96, 128),
+        description="Multi-item: item-suffix length buckets (the largest >= item_max_tokens). Steps of 16 "
+        "keep padding small: the cpu recipe's suffixes (about 67 tokens) pad to 80, not to 128",
     )
     max_items_per_request: int = Field(
         256, ge=1, description="Multi-item: candidates per Triton request (more are split into requests)"
