@@ -3,6 +3,8 @@ plaintext, TLS or mTLS, and a bearer token sent as ``authorization`` metadata on
 
 ``add_client_security_flags`` adds the same flags to each command; ``security_from_args`` reads them
 (the token also from ``SLIMSERVE_TOKEN``); ``open_channel`` and ``open_aio_channel`` build the channel.
+``security_from_files`` is the one place PEM files become a ``ClientSecurity``: the CLI flags and the
+services' connection to Triton (``triton_tls_*`` settings) both go through it.
 The token goes through a client interceptor, so it works on a plaintext loopback channel too. grpc is
 imported only when a channel is opened (the flags are added while ``--help`` is built).
 """
@@ -43,6 +45,13 @@ class ClientSecurity:
         """Channel options: the name the server's certificate must carry, when not the target's host."""
         return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
+    @property
+    def transport(self) -> str:
+        """ "mTLS", "TLS" or "plaintext", for log lines."""
+        if not self.tls:
+            return "plaintext"
+        return "mTLS" if self.certificate_chain is not None else "TLS"
+
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
@@ -78,11 +87,34 @@ def _read(path: Path | None, flag: str) -> bytes | None:
         raise UserError(f"{flag} {path}: {exc}") from None
 
 
+def security_from_files(
+    *,
+    tls: bool = False,
+    ca: Path | None = None,
+    cert: Path | None = None,
+    key: Path | None = None,
+    server_name: str | None = None,
+    token: str | None = None,
+    names: tuple[str, str, str] = ("--tls-ca", "--tls-cert", "--tls-key"),
+) -> ClientSecurity:
+    """A ``ClientSecurity`` from PEM files: TLS when ``tls`` or any file is given (``ca`` unset: the
+    system's CA certificates), a client certificate (mTLS) when ``cert`` and ``key`` are. ``names`` are
+    how the caller calls the three files (flags, config fields), for the error messages."""
+    if (cert is None) != (key is None):
+        raise UserError(f"{names[1]} and {names[2]} go together")
+    return ClientSecurity(
+        tls=bool(tls or ca or cert),
+        root_certificates=_read(ca, names[0]),
+        certificate_chain=_read(cert, names[1]),
+        private_key=_read(key, names[2]),
+        server_name=server_name,
+        token=token,
+    )
+
+
 def security_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ClientSecurity:
     """The ``ClientSecurity`` of parsed ``add_client_security_flags`` flags."""
     environ = os.environ if environ is None else environ
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise UserError("--tls-cert and --tls-key go together")
     token = args.token
     if token is None and args.token_file is not None:
         lines = (_read(args.token_file, "--token-file") or b"").decode().splitlines()
@@ -91,11 +123,11 @@ def security_from_args(args: argparse.Namespace, environ: Mapping[str, str] | No
             raise UserError(f"--token-file {args.token_file}: empty")
     if token is None:
         token = environ.get(TOKEN_ENV) or None
-    return ClientSecurity(
-        tls=bool(args.tls or args.tls_ca or args.tls_cert),
-        root_certificates=_read(args.tls_ca, "--tls-ca"),
-        certificate_chain=_read(args.tls_cert, "--tls-cert"),
-        private_key=_read(args.tls_key, "--tls-key"),
+    return security_from_files(
+        tls=args.tls,
+        ca=args.tls_ca,
+        cert=args.tls_cert,
+        key=args.tls_key,
         server_name=args.tls_server_name,
         token=token,
     )

@@ -109,6 +109,10 @@ def _add_triton(sub) -> None:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    tls = parser.add_argument_group("gRPC TLS (Triton's --grpc-use-ssl; default: plaintext)")
+    tls.add_argument("--grpc-server-cert", type=Path, help="server certificate (PEM): gRPC speaks TLS only")
+    tls.add_argument("--grpc-server-key", type=Path, help="private key (PEM) of --grpc-server-cert")
+    tls.add_argument("--grpc-root-cert", type=Path, help="CA (PEM) of client certificates: mTLS")
     parser.set_defaults(handler=_run_triton)
 
 
@@ -131,10 +135,17 @@ def _triton_config(args: argparse.Namespace, **overrides):
 
 
 def _run_triton(args: argparse.Namespace) -> int:
-    from .serving.triton.launcher import TritonServer
+    from .serving.triton.launcher import TritonGrpcTls, TritonServer
     from .signals import wait_for_stop_signal
 
-    with TritonServer(_triton_config(args)) as server:
+    grpc_tls = None
+    if args.grpc_server_cert or args.grpc_server_key or args.grpc_root_cert:
+        if not (args.grpc_server_cert and args.grpc_server_key):
+            raise UserError(
+                "--grpc-server-cert and --grpc-server-key go together (and --grpc-root-cert needs them)"
+            )
+        grpc_tls = TritonGrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert)
+    with TritonServer(_triton_config(args, grpc_tls=grpc_tls)) as server:
         print(f"Triton ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
         print(f"log: {server.log_path}  (Ctrl-C to stop)")
         wait_for_stop_signal(server.is_running)

@@ -1,7 +1,8 @@
-"""The Kubernetes manifests (k8s/): each overlay renders offline, validates strictly for Kubernetes
-1.29-1.32, and obeys the deployment policy (hardening, probes, PDBs, HPAs, ports and env names that match
-the services' configuration). The live check starts the cpu overlay's Deployments with `podman kube play`
-from the locally built images and answers one Score through the pods.
+"""The Kubernetes manifests (k8s/): each overlay renders offline, with and without the optional
+components, validates strictly for Kubernetes 1.29-1.32, and obeys the deployment policy (hardening,
+probes, PDBs, HPAs, ports and env names that match the services' configuration, the TLS component's
+Secrets and the plaintext health port the probes use under TLS). The live check starts the cpu overlay's
+Deployments with `podman kube play` from the locally built images and answers one Score through the pods.
 """
 
 from __future__ import annotations
@@ -28,7 +29,28 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"
 KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32")
 COMPONENT = K8S / "components" / "triton-queue-hpa"
-RENDERS = ("cpu", "gpu", "cpu+queue-hpa", "gpu+queue-hpa")
+COMPONENTS = {
+    "queue-hpa": COMPONENT,
+    "tls": K8S / "components" / "tls",
+    "cert-manager": K8S / "components" / "cert-manager",
+}
+# Kinds of each component that are CRDs (no schema in kubernetes-validate).
+COMPONENT_CRDS = {
+    "queue-hpa": {"ServiceMonitor", "PrometheusRule"},
+    "tls": set(),
+    "cert-manager": {"Certificate", "Issuer"},
+}
+RENDERS = (
+    "cpu",
+    "gpu",
+    "cpu+queue-hpa",
+    "gpu+queue-hpa",
+    "cpu+tls",
+    "gpu+tls",
+    "cpu+tls+cert-manager",
+    "gpu+tls+cert-manager+queue-hpa",
+)
+TLS_RENDERS = tuple(name for name in RENDERS if "+tls" in name)
 SERVICE_COMPONENTS = ("scoring", "reasoning")
 CLI_COMMANDS = {"scoring": "serve", "reasoning": "serve-reasoning"}
 
@@ -45,16 +67,17 @@ def kustomize(directory: Path) -> list[dict]:
 
 
 def render(name: str) -> list[dict]:
-    overlay, _, component = name.partition("+")
-    if not component:
+    """``overlay[+component...]`` rendered: the overlay alone, or an overlay of it with the components."""
+    overlay, *components = name.split("+")
+    if not components:
         return kustomize(K8S / "overlays" / overlay)
-    with tempfile.TemporaryDirectory() as tmp:  # an overlay of the overlay, with the component
+    with tempfile.TemporaryDirectory() as tmp:  # an overlay of the overlay, with the components
         relative = lambda path: os.path.relpath(path, tmp)  # noqa: E731 - kustomize wants relative paths
         (Path(tmp) / "kustomization.yaml").write_text(
             yaml.safe_dump(
                 {
                     "resources": [relative(K8S / "overlays" / overlay)],
-                    "components": [relative(COMPONENT)],
+                    "components": [relative(COMPONENTS[c]) for c in components],
                 }
             )
         )
@@ -107,9 +130,9 @@ def test_overlay_validates_strictly(rendered, name, version):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except SchemaNotFoundError:
-            crds.add(obj["kind"])  # CRDs (Prometheus Operator) have no schema in kubernetes-validate
-    assert crds <= {"ServiceMonitor", "PrometheusRule"}, crds
-    assert bool(crds) == ("queue-hpa" in name)
+            crds.add(obj["kind"])  # CRDs (Prometheus Operator, cert-manager): no schema here
+    expected = set().union(*(COMPONENT_CRDS[c] for c in name.split("+")[1:]))
+    assert crds == expected, crds
 
 
 def test_cli_validator_rejects_an_unknown_field(rendered, tmp_path):
@@ -291,9 +314,10 @@ def test_service_deployment_matches_the_service_configuration(rendered, componen
     assert all(k.startswith(prefix) for k in env) and not unknown, unknown
     config = load_config(config_class, None, environ=env)  # the values parse, as the service would
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": config.port, "metrics": config.metrics_port}
+    assert ports == {"grpc": config.port, "metrics": config.metrics_port, "health": config.health_port}
     assert config.host == "0.0.0.0" and config.metrics_host == "0.0.0.0"
-    assert container["readinessProbe"]["grpc"] == {"port": config.port}  # native grpc.health.v1
+    # Native grpc.health.v1 on the plaintext health port (the kubelet's gRPC probe speaks no TLS).
+    assert container["readinessProbe"]["grpc"] == {"port": config.health_port}
     # The bundle is read from the model repository, mounted read-only.
     (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == config.model_repository]
     assert mount["readOnly"] is True
@@ -310,8 +334,10 @@ def test_service_deployment_matches_the_service_configuration(rendered, componen
     subcommands = build_parser()._subparsers._group_actions[0].choices
     if command not in subcommands:
         pytest.skip(f"`slimserve {command}` is not in the CLI yet")
-    service = named(objects, "Service", name)
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+    service = named(objects, "Service", name)  # the health port stays inside the pod
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        k: v for k, v in ports.items() if k != "health"
+    }
 
 
 def test_scoring_config_file_in_the_image_agrees_with_the_manifest(rendered):
@@ -345,6 +371,71 @@ def test_network_policies_let_only_the_services_reach_triton(rendered):
     assert services[1]["from"] == metrics_rule["from"] and services[1]["ports"][0]["port"] == "metrics"
     deny = named(objects, "NetworkPolicy", "slimserve-default-deny")["spec"]
     assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+
+
+# -- the TLS and cert-manager components ----------------------------------------------------------------
+def mounted_secret(spec: dict, container: dict, path: Path) -> tuple[str, dict]:
+    """(Secret name, mount) of the read-only whole-volume Secret mount holding the file ``path``."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in container["volumeMounts"] if path.parent == Path(m["mountPath"])]
+    assert mount["readOnly"] is True and "subPath" not in mount  # the kubelet updates whole mounts only
+    secret = volumes[mount["name"]]["secret"]
+    return secret["secretName"], secret
+
+
+@pytest.mark.parametrize("name", TLS_RENDERS)
+@pytest.mark.parametrize("component", SERVICE_COMPONENTS)
+def test_tls_component_mounts_the_secrets_and_probes_use_the_health_port(rendered, name, component):
+    from slimserve.settings import load_config
+
+    spec = named(rendered[name], "Deployment", f"slimserve-{component}")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    config = load_config(
+        service_config_class(f"SLIMSERVE_{component.upper()}_"), None, environ=env_of(container)
+    )
+    assert config.uses_tls and config.uses_tokens and not config.allow_plaintext
+    tls_secret, tls = mounted_secret(spec, container, config.tls_cert_file)
+    assert tls_secret == "slimserve-tls" and config.tls_key_file.parent == config.tls_cert_file.parent
+    token_secret, tokens = mounted_secret(spec, container, config.auth_tokens_file)
+    assert token_secret == "slimserve-tokens"
+    # Files 0440 for the pod's group: the non-root service user reads them, others in the pod do not.
+    assert tls["defaultMode"] == tokens["defaultMode"] == 0o440
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    # Probes: readiness on the plaintext health port; startup and liveness only open a TCP connection.
+    assert container["readinessProbe"]["grpc"] == {"port": config.health_port} != {"port": config.port}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert container[probe] == {**container[probe], "tcpSocket": {"port": "grpc"}}
+    # Nothing else changed: same probes and ports as without the component.
+    plain = named(rendered[name.split("+")[0]], "Deployment", f"slimserve-{component}")
+    (plain_container,) = plain["spec"]["template"]["spec"]["containers"]
+    for key in ("ports", "startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[key] == plain_container[key], key
+
+
+@pytest.mark.parametrize("name", TLS_RENDERS)
+def test_network_policies_are_the_same_with_tls_and_never_admit_the_health_port(rendered, name):
+    policies = of_kind(rendered[name], "NetworkPolicy")
+    assert policies == of_kind(rendered[name.split("+")[0]], "NetworkPolicy")
+    admitted = {
+        p["port"] for policy in policies for rule in policy["spec"].get("ingress", []) for p in rule["ports"]
+    }
+    assert admitted == {"grpc", "metrics"}  # by name: the health port (kubelet only) is not among them
+
+
+def test_cert_manager_component_issues_the_secret_the_services_mount(rendered):
+    objects = rendered["cpu+tls+cert-manager"]
+    certificates = {c["metadata"]["name"]: c["spec"] for c in of_kind(objects, "Certificate")}
+    issuers = {i["metadata"]["name"]: i["spec"] for i in of_kind(objects, "Issuer")}
+    (serving,) = [c for c in certificates.values() if c["secretName"] == "slimserve-tls"]
+    assert "server auth" in serving["usages"] and serving["privateKey"]["rotationPolicy"] == "Always"
+    assert serving["renewBefore"] and not serving.get("isCA")
+    for service in ("slimserve-scoring", "slimserve-reasoning"):  # the names clients dial
+        assert named(objects, "Service", service) and service in serving["dnsNames"]
+        assert f"{service}.slimserve.svc" in serving["dnsNames"]
+    # The chain resolves inside the render: CA Issuer <- CA certificate <- self-signed Issuer.
+    ca_issuer = issuers[serving["issuerRef"]["name"]]
+    (ca,) = [c for c in certificates.values() if c["secretName"] == ca_issuer["ca"]["secretName"]]
+    assert ca["isCA"] is True and "selfSigned" in issuers[ca["issuerRef"]["name"]]
 
 
 def test_queue_hpa_component_is_wired_end_to_end(rendered):
@@ -481,7 +572,7 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
     podman("volume", "create", claim)
     mountpoint = Path(podman("volume", "inspect", claim, "--format", "{{.Mountpoint}}").stdout.strip())
     shutil.copytree(tiny_repository, mountpoint, dirs_exist_ok=True)
-    http, grpc_port, metrics, service_port, service_metrics = free_ports(5)
+    http, grpc_port, metrics, service_port, service_metrics, service_health = free_ports(6)
     triton = podman_copy(
         named(objects, "Deployment", "slimserve-triton"),
         tmp_path,
@@ -496,6 +587,7 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
         {
             "SLIMSERVE_SCORING_PORT": str(service_port),
             "SLIMSERVE_SCORING_METRICS_PORT": str(service_metrics),
+            "SLIMSERVE_SCORING_HEALTH_PORT": str(service_health),
             "SLIMSERVE_SCORING_TRITON_URL": f"127.0.0.1:{grpc_port}",
         },
         {},
@@ -518,13 +610,16 @@ def test_cpu_overlay_runs_under_podman_kube_play(rendered, tiny_repository, tmp_
         for manifest in (triton, scoring):
             podman("kube", "play", str(manifest), timeout=180)
             started.append(manifest)
-        # The manifest's probes, run by hand: Triton's readiness path, then the service's grpc.health.v1.
+        # The manifest's probes, run by hand: Triton's readiness path, then the service's grpc.health.v1
+        # on its health port (and on the service port, which is plaintext here).
         _, container = triton_container(objects)
         path = container["readinessProbe"]["httpGet"]["path"]
         ready_url = f"http://127.0.0.1:{http}{path}"
         wait_until(lambda: urllib.request.urlopen(ready_url, timeout=2).status == 200, 120, "Triton", logs)
         target = f"127.0.0.1:{service_port}"
-        wait_until(lambda: grpc_health(target) == "SERVING", 60, "scoring service", logs)
+        health = f"127.0.0.1:{service_health}"
+        wait_until(lambda: grpc_health(health) == "SERVING", 60, "scoring service", logs)
+        assert grpc_health(target) == "SERVING"
         candidates = example_candidates(5)
         response = score_once(target, EXAMPLE_MEMBER, candidates, timeout_s=30)
         assert sorted(i.item_id for i in response.items) == sorted(c.id for c in candidates)

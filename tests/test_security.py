@@ -30,19 +30,9 @@ from slimserve.serving.server import ScoringServer
 from slimserve.settings import ConfigError, load_config
 from slimserve.v1 import scoring_pb2_grpc
 from tests.test_scoring_service_unit import config_for, make_bundle, score_request
-from tests.tls_fixtures import make_pki
+from tests.tls_fixtures import other_pki_fixture, pki_fixture  # noqa: F401 (fixtures)
 
 TOKENS = ["token-old", "token-new"]
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def other_pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("other-pki"), ca_name="some other CA")
 
 
 async def started(tmp_path, **changes) -> ScoringServer:
@@ -87,6 +77,20 @@ async def score_error(port: int, security_: ClientSecurity | None = None) -> grp
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await scoring_pb2_grpc.ScoringServiceStub(channel).Score(score_request(), timeout=5)
     return info.value
+
+
+async def reflection_code(port: int) -> grpc.StatusCode:
+    """The status of a plaintext reflection call that lists the services (OK when it is answered)."""
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    async with open_aio_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            async for _ in reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter([request]), timeout=5
+            ):
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
 
 
 # -- TLS and mTLS ---------------------------------------------------------------------------------------
@@ -185,6 +189,22 @@ async def test_server_start_refuses_plaintext_on_all_interfaces(tmp_path):
     await server.stop(grace=0)
 
 
+async def test_health_port_answers_only_health_in_plaintext(tmp_path, pki):
+    """The probe port under TLS and tokens: plaintext, no token, grpc.health.v1 and nothing else."""
+    server = await started(tmp_path, auth_tokens=TOKENS, health_port=0, **tls_files(pki, tmp_path / "tls"))
+    try:
+        assert server.health_port not in (None, 0, server.port)
+        assert await health_code(server.health_port) == grpc.StatusCode.OK  # NOT_SERVING: no Triton
+        assert await health_code(server.port) == grpc.StatusCode.UNAVAILABLE  # the service port: TLS only
+        assert (await score_error(server.health_port)).code() == grpc.StatusCode.UNIMPLEMENTED
+        token = ClientSecurity(token=TOKENS[0])
+        assert (await score_error(server.health_port, token)).code() == grpc.StatusCode.UNIMPLEMENTED
+        assert await reflection_code(server.health_port) == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(grace=0.5)
+    assert await health_code(server.health_port) == grpc.StatusCode.UNAVAILABLE  # closed with the service
+
+
 # -- bearer tokens --------------------------------------------------------------------------------------
 async def test_tokens_required_health_open(tmp_path, caplog):
     server = await started(tmp_path, auth_tokens=TOKENS)
@@ -200,14 +220,7 @@ async def test_tokens_required_health_open(tmp_path, caplog):
         for token in TOKENS:  # either token of a rotation lets the call through to the servicer
             assert (await score_error(server.port, plain(token=token))).code() == grpc.StatusCode.UNAVAILABLE
         assert await health_code(server.port) == grpc.StatusCode.OK  # probes need no token
-        async with open_aio_channel(f"127.0.0.1:{server.port}") as channel:
-            request = reflection_pb2.ServerReflectionRequest(list_services="")
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
-                    iter([request]), timeout=5
-                ):
-                    pass
-        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert await reflection_code(server.port) == grpc.StatusCode.UNAUTHENTICATED
     finally:
         await server.stop(grace=0.5)
 

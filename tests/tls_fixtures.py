@@ -2,7 +2,8 @@
 
 ``make_pki(directory)`` writes ``ca.pem``, ``server.pem``/``server-key.pem`` (for localhost and
 127.0.0.1) and ``client.pem``/``client-key.pem`` signed by that CA; ``other`` names a second, unrelated
-CA's set for the negative cases.
+CA's set for the negative cases. The fixtures ``pki`` and ``other_pki`` (one of each per test module) are
+used by importing their functions (``*_fixture``; pytest registers them by ``name``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -78,3 +80,14 @@ def make_pki(directory: Path, ca_name: str = "slimserve test CA") -> Pki:
         files[f"{role}_cert"] = _write(directory / f"{role}.pem", cert)
         files[f"{role}_key"] = _write(directory / f"{role}-key.pem", key=key)
     return Pki(**files)
+
+
+@pytest.fixture(scope="module", name="pki")
+def pki_fixture(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module", name="other_pki")
+def other_pki_fixture(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Certificates of an unrelated CA: what a client or server must not trust."""
+    return make_pki(tmp_path_factory.mktemp("other-pki"), ca_name="some other CA")

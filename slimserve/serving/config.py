@@ -1,17 +1,21 @@
 """Configuration of the gRPC services: the fields every service shares, and the scoring service's own.
 
 One pydantic model per service, every field described; ``GrpcServiceConfig`` holds what the shared
-server parts read (addresses, TLS, tokens, Triton, bundle location, deadlines, drain, admission, logging).
+server parts read (addresses, TLS, tokens, health port, Triton and the TLS to it, bundle location,
+deadlines, drain, admission, logging).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..settings import ConfigError, Settings, add_config_flags, config_from_args, load_config
+
+if TYPE_CHECKING:
+    from slimserve.channel import ClientSecurity
 
 ServiceConfig = Settings
 
@@ -26,6 +30,23 @@ class GrpcServiceConfig(ServiceConfig):
     )
     metrics_host: str = Field("0.0.0.0", description="Address the metrics HTTP server binds.")
     triton_url: str = Field("127.0.0.1:8001", description="Triton gRPC endpoint (host:port).")
+    triton_tls: bool = Field(
+        False,
+        description="Speak TLS to Triton (a Triton run with --grpc-use-ssl), checked against the system's "
+        "CA certificates unless triton_tls_ca_file is set (which implies TLS).",
+    )
+    triton_tls_ca_file: Path | None = Field(
+        None, description="CA certificates (PEM) that signed Triton's certificate (its --grpc-server-cert)."
+    )
+    triton_tls_cert_file: Path | None = Field(
+        None,
+        description="Client certificate (PEM) for a Triton run with --grpc-use-ssl-mutual (implies TLS); "
+        "with triton_tls_key_file. Read when the service starts.",
+    )
+    triton_tls_key_file: Path | None = Field(None, description="Private key (PEM) of triton_tls_cert_file.")
+    triton_tls_server_name: str | None = Field(
+        None, description="Name Triton's certificate must carry, when not the host of triton_url."
+    )
     model_repository: Path = Field(
         Path("model_repository"), description="Triton model repository holding the serving bundle."
     )
@@ -72,6 +93,13 @@ class GrpcServiceConfig(ServiceConfig):
         description="CA certificates (PEM) for client certificates; set, every client must present one "
         "it signed (mTLS). Needs tls_cert_file.",
     )
+    health_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="A second port on host serving only grpc.health.v1, in plaintext and without a token, "
+        "for probes that speak no TLS (the kubelet's gRPC probe); 0 picks a free port; unset: none.",
+    )
     allow_plaintext: bool = Field(
         False,
         description="Serve plaintext on a host that is not loopback (e.g. behind a mesh that does mTLS); "
@@ -109,6 +137,10 @@ class GrpcServiceConfig(ServiceConfig):
             raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
         if self.metrics_require_token and not (self.auth_tokens or self.auth_tokens_file):
             raise ValueError("metrics_require_token needs auth_tokens or auth_tokens_file")
+        if (self.triton_tls_cert_file is None) != (self.triton_tls_key_file is None):
+            raise ValueError("triton_tls_cert_file and triton_tls_key_file go together: set both or neither")
+        if self.health_port and self.health_port == self.port:
+            raise ValueError(f"health_port ({self.health_port}) must differ from port")
         return self
 
     @property
@@ -118,6 +150,19 @@ class GrpcServiceConfig(ServiceConfig):
     @property
     def uses_tokens(self) -> bool:
         return bool(self.auth_tokens) or self.auth_tokens_file is not None
+
+    def triton_security(self) -> ClientSecurity:
+        """How the service reaches Triton: plaintext, TLS or mTLS (the files are read now)."""
+        from slimserve.channel import security_from_files
+
+        return security_from_files(
+            tls=self.triton_tls,
+            ca=self.triton_tls_ca_file,
+            cert=self.triton_tls_cert_file,
+            key=self.triton_tls_key_file,
+            server_name=self.triton_tls_server_name,
+            names=("triton_tls_ca_file", "triton_tls_cert_file", "triton_tls_key_file"),
+        )
 
     def resolved_bundle_dir(self) -> Path:
         """The bundle directory this config points at (``bundle_dir`` or the repository's version)."""

@@ -28,7 +28,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ModelProbe(Protocol):
-    """The two calls of the Triton client the watcher needs."""
+    """The two calls of the Triton client the watcher needs, and why the model was last not ready."""
+
+    unready_reason: str
 
     async def model_ready(self) -> bool: ...
 
@@ -114,7 +116,8 @@ class ModelHealthWatcher:
         """One poll: readiness, then (once per connection) the bundle hash; publish the result."""
         if not await self.client.model_ready():
             self._verified = False
-            self.last_error = f"{self.model_label} is not ready in Triton (or Triton is unreachable)"
+            reason = self.client.unready_reason or "Triton is unreachable or the model is not loaded"
+            self.last_error = f"{self.model_label} is not ready: {reason}"
             await self._update(False)
             return False
         if not self._verified:

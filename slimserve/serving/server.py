@@ -3,8 +3,10 @@
 ``ServiceServer`` wires a service core into a grpc.aio server with the serving interceptor (and, when
 tokens are configured, the token interceptor in front of it), health (driven by the core's model
 watcher), reflection and a Prometheus endpoint, all on one port: plaintext, TLS or mTLS
-(``serving.security``), with an admission budget per service (``serving.admission``). ``stop`` drains: health goes
-NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then the Triton client closes.
+(``serving.security``), with an admission budget per service (``serving.admission``). With ``health_port``
+a second, plaintext server answers only grpc.health.v1 (the same statuses), for probes without TLS.
+``stop`` drains: health goes NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then
+the Triton client closes.
 ``ScoringServer`` is the scoring service; ``run_service`` runs one until SIGTERM or SIGINT.
 """
 
@@ -73,11 +75,13 @@ class ServiceServer:
         self.metrics = self.metrics_class()
         self.core = core
         self.port: int | None = None
+        self.health_port: int | None = None
         self.metrics_port: int | None = None
         self.budget: admission.WorkBudget | None = None
         self.tokens: TokenSet | None = None
         self.certificates: ReloadingCertificates | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._stop_metrics = None
         self._stopped = False
 
@@ -129,6 +133,18 @@ class ServiceServer:
             raise OSError(f"cannot bind gRPC server to {address}")
         return port
 
+    async def start_health_port(self, servicer: Any) -> None:
+        """The plaintext health-only server on ``host:health_port`` (no reflection, no token): what a
+        kubelet gRPC probe can reach when the service port speaks TLS."""
+        address = f"{self.config.host}:{self.config.health_port}"
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        port = server.add_insecure_port(address)
+        if not port:
+            raise OSError(f"cannot bind the health port to {address}")
+        await server.start()
+        self._health_server, self.health_port = server, port
+
     async def start(self) -> int:
         """Build the core (unless given), bind ``host:port`` and start serving; return the bound port."""
         config = self.config
@@ -155,6 +171,8 @@ class ServiceServer:
         await watcher.start()  # NOT_SERVING before the first RPC can arrive
         await server.start()
         self._server, self.port = server, port
+        if config.health_port is not None:
+            await self.start_health_port(watcher.servicer)
         if config.metrics_port >= 0:
             accepts = self.tokens.accepts if self.tokens and config.metrics_require_token else None
             self.metrics_port, self._stop_metrics = start_metrics_server(
@@ -164,18 +182,22 @@ class ServiceServer:
         metrics_where = f"{config.metrics_host}:{self.metrics_port}" if self._stop_metrics else "off"
         tokens = f"{len(self.tokens)} bearer token(s)" if self.tokens else "no token"
         budget = f"{self.budget.limit} {self.budget.unit}" if self.budget else "no limit"
+        health = f", plaintext health port {self.health_port}" if self._health_server else ""
         log.info(
-            "%s listening on %s:%d, %s, %s, admission %s (metrics %s); model %r version %s at %s, bundle %s",
+            "%s listening on %s:%d, %s%s, %s, admission %s (metrics %s); model %r version %s at %s (%s), "
+            "bundle %s",
             self.full_service_name,
             config.host,
             port,
             describe_transport(config),
+            health,
             tokens,
             budget,
             metrics_where,
             bundle.model_name,
             bundle.model_version,
             config.triton_url,
+            self.core.client.security.transport,
             bundle.content_hash,
         )
         return port
@@ -194,6 +216,8 @@ class ServiceServer:
             # them first (the core keeps serving; health already says NOT_SERVING).
             await asyncio.sleep(min(self.config.drain_delay_s, grace))
             await self._server.stop(grace)
+        if self._health_server is not None:  # answered NOT_SERVING through the drain
+            await self._health_server.stop(0)
         if self.core is not None:
             await self.core.client.close()
         if self._stop_metrics is not None:

@@ -126,7 +126,10 @@ class ReasoningCore(ServiceCore):
         tokenizer.no_padding()
         tokenizer.no_truncation()
         client = TritonGeneratorClient(
-            config.triton_url, model_name=bundle.model_name, model_version=str(bundle.model_version)
+            config.triton_url,
+            model_name=bundle.model_name,
+            model_version=str(bundle.model_version),
+            security=config.triton_security(),
         )
         return cls(bundle, tokenizer, client, config, metrics=metrics)
 

@@ -2,7 +2,8 @@
 
 ``TritonModelClient`` holds the control calls (readiness, config, statistics); ``TritonScorerClient``
 sends unary score requests; ``TritonGeneratorClient`` streams tokens from the decoupled generator over
-one gRPC stream per request.
+one gRPC stream per request. The channel is plaintext, TLS or mTLS as its ``ClientSecurity`` says (the
+same credentials the CLI clients use, ``slimserve.channel``), for a Triton run with ``--grpc-use-ssl``.
 
 Every tritonclient/gRPC error is mapped here, by status code, to a ``slimserve.serving.errors`` type; the
 original exception stays chained (``raise ... from exc``) for the logs. Deadlines travel twice: as the
@@ -27,6 +28,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from slimserve.bundle import TensorNames
+from slimserve.channel import PLAINTEXT, ClientSecurity
 from slimserve.serving.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -46,6 +48,7 @@ __all__ = [
     "TritonScorerClient",
     "map_stream_error",
     "map_triton_error",
+    "unreachable_reason",
 ]
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -96,14 +99,21 @@ def _status_name(exc: InferenceServerException) -> str:
     return status.removeprefix("StatusCode.")
 
 
+def _status_and_message(exc: BaseException) -> tuple[str, str] | None:
+    """(status code name, message) of a tritonclient/gRPC error; None for any other exception."""
+    if isinstance(exc, InferenceServerException):
+        return _status_name(exc), exc.message() or ""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return exc.code().name, exc.details() or ""  # type: ignore[attr-defined]
+    return None
+
+
 def map_triton_error(exc: BaseException, what: str) -> ServingError:
     """The serving error for a tritonclient/gRPC error, chosen by status code. ``what`` names the call."""
-    if isinstance(exc, InferenceServerException):
-        status, message = _status_name(exc), exc.message() or ""
-    elif isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
-        status, message = exc.code().name, exc.details() or ""  # type: ignore[attr-defined]
-    else:
+    found = _status_and_message(exc)
+    if found is None:
         return InternalError(f"{what} failed")
+    status, message = found
     if status == "UNAVAILABLE":
         if _QUEUE_FULL_TEXT in message:
             return ResourceExhausted(f"{what}: Triton's queue is full")
@@ -122,6 +132,21 @@ def map_triton_error(exc: BaseException, what: str) -> ServingError:
     return InternalError(f"{what} failed")
 
 
+def unreachable_reason(exc: BaseException, url: str, security: ClientSecurity) -> str:
+    """Why Triton at ``url`` did not answer, for the operator's log: status, gRPC's text, and a hint
+    when the transport is the likely cause (the status code says "no connection", not which side's TLS)."""
+    status, detail = _status_and_message(exc) or (type(exc).__name__, str(exc))
+    reason = f"Triton at {url} did not answer over {security.transport}: {status} {detail}".rstrip()
+    if status != "UNAVAILABLE":
+        return reason
+    if security.tls:
+        return (
+            f"{reason} (check that Triton runs with --grpc-use-ssl and that triton_tls_ca_file, "
+            "and under --grpc-use-ssl-mutual triton_tls_cert_file, match its certificates)"
+        )
+    return f"{reason} (a Triton run with --grpc-use-ssl needs triton_tls and triton_tls_ca_file)"
+
+
 class TritonModelClient:
     """The control calls on one Triton model (readiness, config, statistics) over one reused channel."""
 
@@ -132,17 +157,25 @@ class TritonModelClient:
         model_name: str,
         model_version: str = "",
         control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+        security: ClientSecurity = PLAINTEXT,
     ):
         self.url = url
         self.model_name = model_name
         self.model_version = model_version
         self.control_timeout_s = control_timeout_s
+        self.security = security
+        # Why the last model_ready() said False ('' after a True), for the health watcher's log line.
+        self.unready_reason = ""
         self._client: triton_aio.InferenceServerClient | None = None
 
     def _grpc(self) -> triton_aio.InferenceServerClient:
         # Created on first use, inside the running event loop the channel will belong to.
         if self._client is None:
-            self._client = triton_aio.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
+            self._client = triton_aio.InferenceServerClient(
+                self.url,
+                creds=self.security.credentials(),  # None: plaintext
+                channel_args=[*CHANNEL_ARGS, *self.security.options()],
+            )
         return self._client
 
     async def _config(self):
@@ -155,15 +188,19 @@ class TritonModelClient:
         return response.config
 
     async def model_ready(self) -> bool:
-        """Whether Triton serves the model now; False (never an exception) when unreachable."""
+        """Whether Triton serves the model now; False (never an exception) when unreachable, with the
+        reason in ``unready_reason``."""
         try:
-            return bool(
+            ready = bool(
                 await self._grpc().is_model_ready(
                     self.model_name, self.model_version, client_timeout=self.control_timeout_s
                 )
             )
-        except Exception:
+        except Exception as exc:
+            self.unready_reason = unreachable_reason(exc, self.url, self.security)
             return False
+        self.unready_reason = "" if ready else f"Triton at {self.url} says {self.model_name!r} is not ready"
+        return ready
 
     async def model_parameters(self) -> dict[str, str]:
         """The string parameters of the model's config (e.g. the serving-bundle hash)."""
@@ -211,9 +248,14 @@ class TritonScorerClient(TritonModelClient):
         model_version: str = "",
         tensors: TensorNames = DEFAULT_TENSORS,
         control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+        security: ClientSecurity = PLAINTEXT,
     ):
         super().__init__(
-            url, model_name=model_name, model_version=model_version, control_timeout_s=control_timeout_s
+            url,
+            model_name=model_name,
+            model_version=model_version,
+            control_timeout_s=control_timeout_s,
+            security=security,
         )
         self.tensors = tensors
         self._has_compute_ms: bool | None = None

@@ -5,6 +5,9 @@ wheel. The wheel's python backend needs a stub matching the running interpreter,
 prepared in a cache directory (:func:`prepare_python_backend`). The server runs in its own session; stopping
 it signals the whole process group, so no ``triton_python_backend_stub`` outlives it.
 
+``TritonGrpcTls`` puts the gRPC endpoint under TLS (``--grpc-use-ssl``; with a client CA, mTLS through
+``--grpc-use-ssl-mutual``); the HTTP endpoint the readiness wait polls stays plaintext on ``host``.
+
 An external Triton (Kubernetes) is only a URL given to the client: nothing here is used for it.
 """
 
@@ -41,6 +44,7 @@ from slimserve.serving.triton.server_files import (
 )
 
 __all__ = [
+    "TritonGrpcTls",
     "TritonLaunchError",
     "TritonServer",
     "TritonServerConfig",
@@ -64,6 +68,35 @@ class TritonLaunchError(RuntimeError):
     """Triton could not be found, prepared, started or made ready; the message ends with its log tail."""
 
 
+@dataclass(frozen=True)
+class TritonGrpcTls:
+    """TLS on Triton's gRPC endpoint: its certificate and key (PEM); with ``client_ca``, every client
+    must present a certificate that CA signed (mTLS). Triton reads the files once, at start."""
+
+    server_cert: Path
+    server_key: Path
+    client_ca: Path | None = None
+
+    def args(self) -> list[str]:
+        """Triton's flags for this setting."""
+        args = [
+            "--grpc-use-ssl=true",
+            f"--grpc-server-cert={self.server_cert}",
+            f"--grpc-server-key={self.server_key}",
+        ]
+        if self.client_ca is not None:
+            args += ["--grpc-use-ssl-mutual=true", f"--grpc-root-cert={self.client_ca}"]
+        return args
+
+    def missing(self) -> list[Path]:
+        """The files that do not exist."""
+        return [
+            Path(f)
+            for f in (self.server_cert, self.server_key, self.client_ca)
+            if f and not Path(f).is_file()
+        ]
+
+
 @dataclass
 class TritonServerConfig:
     """How to run one local Triton server. Ports 0 mean "pick a free port"."""
@@ -81,6 +114,8 @@ class TritonServerConfig:
     log_file: Path | None = None
     log_verbose: int = 0
     extra_args: tuple[str, ...] = ()
+    # None: plaintext gRPC.
+    grpc_tls: TritonGrpcTls | None = None
     # None: find_tritonserver(). A backend directory is prepared only for the pytriton wheel's binary.
     binary: Path | None = None
     backend_directory: Path | None = None
@@ -217,6 +252,8 @@ class TritonServer:
             args.append(f"--backend-directory={backend_dir}")
         if cfg.model_control_mode == "explicit":
             args += [f"--load-model={name}" for name in cfg.load_models]
+        if cfg.grpc_tls is not None:
+            args += cfg.grpc_tls.args()
         return args + list(cfg.extra_args)
 
     def _environment(self) -> dict[str, str]:
@@ -234,6 +271,9 @@ class TritonServer:
         cfg = self.config
         if not cfg.model_repository.is_dir():
             raise TritonLaunchError(f"model repository {cfg.model_repository} is not a directory")
+        if cfg.grpc_tls is not None and cfg.grpc_tls.missing():
+            missing = ", ".join(map(str, cfg.grpc_tls.missing()))
+            raise TritonLaunchError(f"Triton's gRPC TLS files do not exist: {missing}")
         if cfg.log_file is not None:
             self._log_path = Path(cfg.log_file)
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +301,8 @@ class TritonServer:
                 self.stop()
                 raise
             break
-        log.info("Triton ready: grpc %s, http %s (pid %d)", self.grpc_url, self.http_url, self.pid)
+        tls = "plaintext" if cfg.grpc_tls is None else "mTLS" if cfg.grpc_tls.client_ca else "TLS"
+        log.info("Triton ready: grpc %s (%s), http %s (pid %d)", self.grpc_url, tls, self.http_url, self.pid)
         return self
 
     def _launch(self) -> None:
