@@ -106,6 +106,7 @@ class ScoringCore(ServiceCore):
             model_name=bundle.model_name,
             model_version=str(bundle.model_version),
             tensors=bundle.tensors,
+            security=config.triton_security(),
         )
         return cls(bundle, tokenizer, client, config, metrics=metrics)
 
