@@ -79,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from slimserve.bundle import TOKENIZER_FILE, bundle_dir_for, load_bundle
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-    from slimserve.export.parity import padded_batches
     from slimserve.export.tensorrt.device import compute_capability, plan_filename
     from slimserve.export.tensorrt.parity import pairwise_agreement
     from slimserve.export.tensorrt.profiles import bucket_profiles
     from slimserve.export.tensorrt.runtime import EngineScorer
+    from slimserve.models.batching import padded_batches
     from slimserve.prompts import render_scoring_prompt
     from slimserve.tokenization import PromptTokenizer
 

@@ -178,8 +178,8 @@ def published_generator(options: UpOptions) -> Path | None:
 def _export_teacher_generator(options: UpOptions) -> Path:
     """Publish the teacher itself (full precision) as the generator, so that ``up`` explains without a build."""
     from .export.generator_repository import publish_generator
-    from .export.teacher import load_teacher
     from .generation_bundle import generation_bundle_dir
+    from .models.teacher import load_teacher
 
     log.info(
         "no published %r in %s: exporting teacher %r as the generator",

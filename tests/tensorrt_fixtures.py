@@ -9,7 +9,7 @@ import torch
 
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.export.onnx_export import export_scorer_onnx
-from slimserve.export.scorer_graph import ScorerGraph
+from slimserve.models.scorer_graph import ScorerGraph
 from slimserve.prompts import render_scoring_prompt
 from slimserve.tokenization import PromptTokenizer, pad_batch
 

@@ -120,7 +120,7 @@ def test_descriptions_name_the_company_type(default_synth):
 
 
 def test_prompts_stay_short_for_smollm2(default_synth):
-    from slimserve.export.teacher import TeacherError, default_tokenizer_file
+    from slimserve.models.teacher import TeacherError, default_tokenizer_file
     from slimserve.prompts import render_scoring_prompt
     from slimserve.tokenization import PromptTokenizer
 

@@ -12,8 +12,8 @@ from slimserve.export.onnx_export import ExportError
 from slimserve.export.parity import compare_scores, swapped_pairs
 from slimserve.export.pipeline import ScorerExportConfig, export_scorer, parity_prompts
 from slimserve.export.repository import list_versions
-from slimserve.export.scorer_graph import ScorerGraph
-from slimserve.export.teacher import load_teacher
+from slimserve.models.scorer_graph import ScorerGraph
+from slimserve.models.teacher import load_teacher
 from slimserve.prompts import SCORING_TEMPLATE_VERSION, render_scoring_prompt
 from slimserve.tokenization import PromptTokenizer, bucket_for, pad_batch
 

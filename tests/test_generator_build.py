@@ -33,7 +33,7 @@ from slimserve.compression.generation_distill import (
 from slimserve.compression.generation_eval import evaluate_text, token_sums
 from slimserve.errors import BuildError
 from slimserve.evaluation.generator_report import GeneratorRow
-from slimserve.export.teacher import load_teacher
+from slimserve.models.teacher import load_teacher
 
 EXPECTED = [
     "generator teacher (zero-shot)",

@@ -18,9 +18,9 @@ from slimserve.export.generator_parity import (
 from slimserve.export.generator_repository import REPORT_FILE, generator_triton_spec, publish_generator
 from slimserve.export.onnx_export import ExportError
 from slimserve.export.repository import list_versions
-from slimserve.export.teacher import load_teacher
 from slimserve.export.triton_config import parse_config_pbtxt, to_model_config
 from slimserve.generation_bundle import load_generation_bundle
+from slimserve.models.teacher import load_teacher
 from slimserve.triton_models.generator import (
     BatchEngine,
     GenerationRequest,

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 
 from slimserve.export.generator_parity import encode_prompts, explanation_prompts, torch_greedy
 from slimserve.export.generator_repository import build_tiny_generator_repository
-from slimserve.export.teacher import load_teacher
+from slimserve.models.teacher import load_teacher
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig
 
 MODEL = "generator"

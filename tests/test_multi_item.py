@@ -10,9 +10,9 @@ import torch
 
 from slimserve.bundle import PromptSplit
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-from slimserve.export.scorer_graph import ScorerGraph
-from slimserve.export.teacher import default_tokenizer_file, load_teacher
 from slimserve.models.multi_item import MultiItemScorer
+from slimserve.models.scorer_graph import ScorerGraph
+from slimserve.models.teacher import default_tokenizer_file, load_teacher
 from slimserve.prompts import render_item_suffix, render_member_prefix, render_scoring_prompt
 from slimserve.scoring_tokens import encode_scoring, multi_item_requests
 from slimserve.tokenization import PromptTokenizer, pad_batch, pad_multi_item

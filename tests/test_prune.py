@@ -182,7 +182,7 @@ def test_pruned_model_exports_the_scorer_to_onnx(pruned, tmp_path):
     import onnxruntime
 
     from slimserve.export.onnx_export import export_scorer_onnx
-    from slimserve.export.scorer_graph import ScorerGraph
+    from slimserve.models.scorer_graph import ScorerGraph
 
     model, _ = pruned
     graph = ScorerGraph(model, 11, 12).eval()

@@ -20,9 +20,9 @@ from slimserve.compression.quantize import (
 from slimserve.errors import BuildError
 from slimserve.evaluation.metrics import spearman
 from slimserve.evaluation.throughput import measure_onnx_speed
-from slimserve.export.parity import padded_batches
 from slimserve.export.pipeline import parity_prompts
 from slimserve.export.triton_config import onnx_io_specs
+from slimserve.models.batching import padded_batches
 from slimserve.tokenization import PromptTokenizer
 
 

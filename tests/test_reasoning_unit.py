@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from slimserve.export.teacher import default_tokenizer_file
+from slimserve.models.teacher import default_tokenizer_file
 from slimserve.serving.errors import InvalidArgument
 from slimserve.serving.reasoning.config import ReasoningServiceConfig
 from slimserve.serving.reasoning.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer

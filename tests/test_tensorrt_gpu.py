@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the TensorRT engine tests need an NVIDIA GPU", allow_module_level=True)
 
-from slimserve.export.teacher import load_teacher  # noqa: E402
+from slimserve.compression.smoothquant import smooth_model  # noqa: E402
 from slimserve.export.tensorrt.device import FP8_MIN_CC, cc_key, compute_capability, plan_filename  # noqa: E402
 from slimserve.export.tensorrt.engine import EngineBuildConfig, build_engine  # noqa: E402
 from slimserve.export.tensorrt.modelopt_qdq import quantize_qdq  # noqa: E402
@@ -31,7 +31,7 @@ from slimserve.export.tensorrt.parity import engine_parity, onnx_reference_score
 from slimserve.export.tensorrt.profiles import bucket_profiles  # noqa: E402
 from slimserve.export.tensorrt.runtime import EngineScorer  # noqa: E402
 from slimserve.export.tensorrt.settings import ParityThresholds  # noqa: E402
-from slimserve.export.tensorrt.smoothquant import smooth_model  # noqa: E402
+from slimserve.models.teacher import load_teacher  # noqa: E402
 from tests.tensorrt_fixtures import BUCKETS, export_fp32, groups_of, varied_prompts  # noqa: E402
 
 LOOSE = ParityThresholds(

@@ -7,10 +7,10 @@ import onnx
 import pytest
 import torch
 
-from slimserve.export.teacher import load_teacher
+from slimserve.compression.smoothquant import activation_absmax, smooth_model, smoothing_pairs
 from slimserve.export.tensorrt.parity import engine_parity, onnx_reference_scores
 from slimserve.export.tensorrt.settings import ParityThresholds
-from slimserve.export.tensorrt.smoothquant import activation_absmax, smooth_model, smoothing_pairs
+from slimserve.models.teacher import load_teacher
 from tests.tensorrt_fixtures import BUCKETS, export_fp32, groups_of, torch_scores, varied_prompts
 
 

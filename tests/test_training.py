@@ -30,8 +30,8 @@ from slimserve.compression.split_scorer import (
 )
 from slimserve.compression.trainer import TrainConfig, train
 from slimserve.export.pipeline import parity_prompts
-from slimserve.export.scorer_graph import ScorerGraph
-from slimserve.export.teacher import load_teacher
+from slimserve.models.scorer_graph import ScorerGraph
+from slimserve.models.teacher import load_teacher
 from slimserve.tokenization import PromptTokenizer
 
 

@@ -124,7 +124,7 @@ def export_teacher(source: str, precision: str, into: Path, settings: dict[str, 
     """Publish the teacher ``source`` as ``generator`` at ``precision`` into the repository ``into``, with
     the serving ``settings`` (keyword arguments of ``publish_generator``)."""
     from ..export.generator_repository import publish_generator
-    from ..export.teacher import load_teacher
+    from ..models.teacher import load_teacher
 
     loaded = load_teacher(source)
     publish_generator(

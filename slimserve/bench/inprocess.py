@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..export.parity import padded_batches
+from ..models.batching import padded_batches
 from .workload import Workload
 
 ORT_FLOOR = "onnxruntime in process"
@@ -67,10 +67,10 @@ def onnx_floor(
 
 def load_torch_scorer(source: str, yes_token_id: int, no_token_id: int):
     """The scoring graph (PyTorch) of ``source``: 'tiny'/'default' teachers or a saved causal-LM directory."""
-    from ..export.scorer_graph import ScorerGraph
+    from ..models.scorer_graph import ScorerGraph
 
     if source in ("tiny", "default"):
-        from ..export.teacher import load_teacher
+        from ..models.teacher import load_teacher
 
         model = load_teacher(source).model
     else:

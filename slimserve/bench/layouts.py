@@ -167,7 +167,7 @@ class _Publish:
 def floor(onnx: Path, workload: Workload, layout: str, bundle, seconds: float) -> tuple[float, float]:
     """(items/s, ms per call) of ONNX Runtime on the tensors the service sends for the workload's calls."""
     from ..evaluation.throughput import scorer_session
-    from ..export.parity import padded_batches
+    from ..models.batching import padded_batches
     from ..scoring_tokens import multi_item_requests
 
     session, _ = scorer_session(onnx)

@@ -90,8 +90,8 @@ def _best_of(fn, seconds: float) -> float:
 
 def measure(lm, prefix_len: int, item_len: int, counts: list[int], seconds: float) -> list[dict]:
     """Best-of wall time per layout and item count; checks the layouts agree on the scores."""
-    from slimserve.export.scorer_graph import ScorerGraph
     from slimserve.models.multi_item import MultiItemScorer
+    from slimserve.models.scorer_graph import ScorerGraph
     from slimserve.tokenization import pad_batch, pad_multi_item
 
     graph = ScorerGraph(lm, 1, 2).eval()

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bundle import TOKENIZER_FILE, load_bundle
+from ..models.batching import bucket_batches
 from ..schema import Item, Member
 from ..scoring_tokens import ScoringTokens, encode_scoring
-from ..tokenization import PromptTokenizer, group_by_bucket
+from ..tokenization import PromptTokenizer
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ class Workload:
         return len(self.sequences)
 
     def by_bucket(self) -> dict[int, list[list[int]]]:
-        """Sequences grouped by the length bucket they pad to."""
+        """Sequences grouped by the length bucket they pad to (the service's batching, whole buckets)."""
         return {
             bucket: [self.sequences[i] for i in indices]
-            for bucket, indices in sorted(group_by_bucket(self.sequences, self.buckets).items())
+            for bucket, indices in bucket_batches(self.sequences, self.buckets)
         }
 
     def describe(self) -> str:

@@ -536,7 +536,7 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
 
 def standalone_context(recipe: Recipe) -> GeneratorContext:
     """The generator stages' context without the scorer's stages (data written or reused, teacher loaded)."""
-    from ..export.teacher import load_teacher
+    from ..models.teacher import load_teacher
     from .context import prepare_data
     from .runner import _dataset_dir
 

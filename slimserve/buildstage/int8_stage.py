@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..evaluation.report import StageRow
-from ..export.scorer_graph import ScorerGraph
+from ..models.scorer_graph import ScorerGraph
 from . import artifacts
 from .context import BuildData
 from .recipe import Recipe
@@ -77,7 +77,7 @@ def multi_item_calibration(data: BuildData, count: int, layout) -> list[dict[str
 def onnx_logits_margin(onnx_path: Path, sequences: list[list[int]], buckets) -> np.ndarray:
     """Scores (margins) of an ONNX scorer on sequences, padded to buckets as the service does."""
     from ..evaluation.throughput import scorer_session
-    from ..export.parity import padded_batches
+    from ..models.batching import padded_batches
 
     session, _ = scorer_session(onnx_path)
     out = np.zeros(len(sequences), dtype=np.float64)

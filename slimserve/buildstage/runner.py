@@ -105,7 +105,7 @@ def run_build(
     With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
     meanwhile); without it, a failing generator gate publishes nothing."""
-    from ..export.teacher import load_teacher
+    from ..models.teacher import load_teacher
     from .int8_stage import publish, run_int8
     from .stages import run_distill, run_prune, run_redistill, run_teacher
 

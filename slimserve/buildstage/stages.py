@@ -13,7 +13,7 @@ import numpy as np
 
 from ..compression.trainer import progress_bar
 from ..evaluation.report import StageRow, quality_row
-from ..export.scorer_graph import ScorerGraph
+from ..models.scorer_graph import ScorerGraph
 from . import artifacts
 from .context import BuildData
 from .recipe import Recipe

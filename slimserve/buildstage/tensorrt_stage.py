@@ -45,11 +45,11 @@ def run_tensorrt(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, engines: Path
 ) -> list[StageRow]:
     """Quantize, build and gate the engine for this GPU; returns its quality row."""
+    from ..compression.smoothquant import smooth_model
     from ..export.tensorrt.engine import EngineBuildConfig, build_engine, import_tensorrt
     from ..export.tensorrt.modelopt_qdq import qdq_summary, quantize_qdq
     from ..export.tensorrt.parity import engine_parity, onnx_reference_scores, require_parity
     from ..export.tensorrt.runtime import EngineScorer
-    from ..export.tensorrt.smoothquant import smooth_model
     from .int8_stage import export_graph
 
     settings = recipe.tensorrt

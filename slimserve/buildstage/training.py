@@ -17,8 +17,8 @@ from ..compression.losses import distill_loss, label_loss
 from ..compression.split_scorer import MemberHiddenCache, SplitScorer, top_logits_multi
 from ..compression.trainer import TrainConfig, TrainReport, train
 from ..evaluation.metrics import auc
-from ..export.scorer_graph import ScorerGraph
 from ..models.multi_item import MultiItemScorer
+from ..models.scorer_graph import ScorerGraph
 from .recipe import DistillSettings
 
 log = logging.getLogger(__name__)

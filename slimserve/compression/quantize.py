@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BuildError
-from ..export.parity import padded_batches
+from ..models.batching import padded_batches
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..export.scorer_graph import ScorerGraph
 from ..models.multi_item import MultiItemScorer
+from ..models.scorer_graph import ScorerGraph
 from .batches import (
     MemberGroup,
     MultiItemBatch,

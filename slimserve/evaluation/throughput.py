@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..export.parity import padded_batches
+from ..models.batching import padded_batches
 
 MAX_RUNS = 10_000
 

@@ -1,1 +1,4 @@
-"""Export: wrap a causal LM into the scoring graph, export ONNX, write the Triton model repository."""
+"""Export: the models' scoring graph to ONNX (parity-checked), the generator's ONNX, the Triton model repository.
+
+Sits on ``slimserve.models`` beside ``compression``; the two never import each other.
+"""

@@ -73,7 +73,7 @@ def torch_speed(model, sequence, new_tokens: int, threads: int) -> dict:
 
 
 def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threads: int = 1) -> dict:
-    from .teacher import load_teacher
+    from ..models.teacher import load_teacher
 
     loaded = load_teacher(teacher)
     sequences = encode_prompts(loaded.tokenizer_file, explanation_prompts(prompts))

@@ -283,7 +283,7 @@ def build_tiny_generator_repository(
     The real export path (builder, parity, publish) on ``load_teacher("tiny", seed)``; the prompts are
     explanation prompts, so the SmolLM2 tokenizer's eos ids (``<|im_end|>`` 2, ``<|endoftext|>`` 0) apply.
     """
-    from .teacher import load_teacher
+    from ..models.teacher import load_teacher
 
     loaded = load_teacher("tiny", seed=seed)
     return publish_generator(

@@ -11,7 +11,7 @@ import torch
 
 from ..bundle import TensorNames
 from ..errors import BuildError
-from .scorer_graph import ScorerGraph
+from ..models.scorer_graph import ScorerGraph
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..tokenization import group_by_bucket, pad_batch
+from ..models.batching import padded_batches
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,6 @@ def swapped_pairs(reference: np.ndarray, candidate: np.ndarray, tie_tolerance: f
     cand_gap = candidate[:, None] - candidate[None, :]
     disagree = (np.sign(ref_gap) != np.sign(cand_gap)) & (np.abs(ref_gap) > tie_tolerance)
     return int(np.triu(disagree, k=1).sum())
-
-
-def padded_batches(sequences: list[list[int]], buckets, batch_size: int, pad_token_id: int = 0):
-    """Yield (indices, input_ids, attention_mask) per bucket chunk, as the service sends them."""
-    for bucket, indices in sorted(group_by_bucket(sequences, buckets).items()):
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
-            ids, mask = pad_batch([sequences[i] for i in chunk], bucket, pad_token_id)
-            yield chunk, ids, mask
 
 
 def compare_scores(reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> ParityReport:

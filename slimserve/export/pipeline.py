@@ -224,10 +224,10 @@ def export_checked_multi_item_onnx(
 
 def export_scorer(config: ScorerExportConfig, command: str | None = None) -> ExportResult:
     """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
+    from ..models.scorer_graph import ScorerGraph
+    from ..models.teacher import load_teacher
     from .repository import publish_version
-    from .scorer_graph import ScorerGraph
     from .scorer_model import scorer_model_files
-    from .teacher import load_teacher
     from .triton_config import check_against_onnx
 
     seconds: dict[str, float] = {}

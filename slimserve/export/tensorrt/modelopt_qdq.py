@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...errors import BuildError
-from ..parity import padded_batches
+from ...models.batching import padded_batches
 
 log = logging.getLogger(__name__)
 

@@ -143,7 +143,7 @@ def onnx_reference_scores(
     """Scores of the ONNX graph in ONNX Runtime (CUDA when asked and available), bucket-padded batches."""
     import onnxruntime as ort
 
-    from ..parity import padded_batches
+    from ...models.batching import padded_batches
 
     providers = ["CPUExecutionProvider"]
     if provider == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():

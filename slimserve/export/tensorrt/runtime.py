@@ -13,7 +13,7 @@ import numpy as np
 
 from ...bundle import TensorNames
 from ...errors import BuildError
-from ..parity import padded_batches
+from ...models.batching import padded_batches
 from .engine import import_tensorrt
 from .profiles import BucketProfile, profile_for
 

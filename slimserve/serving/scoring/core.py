@@ -23,8 +23,9 @@ import numpy as np
 
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE, BundleError, ServingBundle, load_bundle
+from slimserve.models.batching import padded_batches
 from slimserve.scoring_tokens import MultiItemRequest, encode_scoring, multi_item_requests
-from slimserve.tokenization import PromptTokenizer, group_by_bucket, pad_batch
+from slimserve.tokenization import PromptTokenizer
 
 from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, ServingError, Unavailable
@@ -155,14 +156,10 @@ class ScoringCore(ServiceCore):
             return multi_item_requests(
                 tokens, bundle.item_length_buckets, bundle.max_items_per_request, self.tokenizer.pad_token_id
             )
-        sequences = tokens.sequences()
-        chunks = []
-        for length, indices in sorted(group_by_bucket(sequences, self.bundle.length_buckets).items()):
-            for begin in range(0, len(indices), self.chunk_size):
-                part = tuple(indices[begin : begin + self.chunk_size])
-                ids, mask = pad_batch([sequences[i] for i in part], length, self.tokenizer.pad_token_id)
-                chunks.append(Chunk(part, ids, mask))
-        return chunks
+        batches = padded_batches(
+            tokens.sequences(), bundle.length_buckets, self.chunk_size, self.tokenizer.pad_token_id
+        )
+        return [Chunk(tuple(indices), ids, mask) for indices, ids, mask in batches]
 
     async def _infer_all(self, chunks: list, timeout_s: float, request_id: str) -> list[InferResult]:
         """Send every chunk at once; on the first failure cancel the others and raise it."""

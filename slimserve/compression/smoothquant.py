@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...compression.batches import pad_right
-from ...compression.surgery import decoder_layers
-from ...errors import BuildError
+from ..errors import BuildError
+from .batches import pad_right
+from .surgery import decoder_layers
 
 
 @dataclass(frozen=True)
