@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from slimserve.buildstage import artifacts
+from slimserve.buildstage.context import stage_config
 from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
     active_stages,
@@ -19,7 +20,6 @@ from slimserve.buildstage.generator_stages import (
     final_model_dir,
     run_generator,
     scorer_decisions,
-    stage_config,
     standalone_context,
 )
 from slimserve.buildstage.recipe import load_recipe

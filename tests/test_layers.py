@@ -1,4 +1,4 @@
-"""The build's import plan, read from the source: layers only import downward.
+"""The build's import plan, read from the source: layers only import downward and nothing imports in a circle.
 
 ``models`` (scorer graphs, teacher loader, padded batching) is the bottom of the build; ``compression``
 and ``export`` are siblings on it that never import each other; ``evaluation`` (metrics, in-process
@@ -22,6 +22,8 @@ FORBIDDEN = {
     "models": {"compression", "export", "evaluation", "buildstage", "serving"},
     "evaluation": {"compression", "export", "buildstage", "serving"},
 }
+# packages whose modules must not import each other in a circle
+ACYCLIC = ("models", "compression", "export", "evaluation", "buildstage")
 
 
 def _module_name(path: Path) -> str:
@@ -87,3 +89,26 @@ def test_layers_only_import_downward(layer):
         if _layer(target) in FORBIDDEN[layer]
     ]
     assert not bad, f"{layer} must not import {sorted(FORBIDDEN[layer])}:\n" + "\n".join(bad)
+
+
+def test_build_modules_import_no_circle():
+    graph = {
+        module: sorted({t for t, _, _ in edges if _layer(t) in ACYCLIC and t != module})
+        for module, edges in _graph().items()
+        if _layer(module) in ACYCLIC
+    }
+    cycles, state = [], {}  # state: 1 on the current path, 2 finished
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in graph.get(module, ()):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target) :], module, target]))
+            elif target not in state:
+                visit(target, [*path, module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)

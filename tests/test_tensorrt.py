@@ -288,13 +288,13 @@ def test_tensorrt_build_fails_first_and_clearly_without_tensorrt(tmp_path):
 
 
 def test_engines_of_one_student_share_a_directory_across_gpu_types(tmp_path):
-    from slimserve.buildstage.runner import _stage_config
+    from slimserve.buildstage.context import stage_config
     from slimserve.buildstage.tensorrt_stage import engines_dir
 
     recipe = load_recipe("gpu", overrides={"work_dir": str(tmp_path)})
 
     def key(changed):
-        return engines_dir(changed, _stage_config(changed, "tensorrt"))
+        return engines_dir(changed, stage_config(changed, "tensorrt"))
 
     base = key(recipe)
     assert base.parent == tmp_path / "engines"

@@ -1,9 +1,11 @@
-"""The data every model stage shares: examples per split, their tokens (member groups and single
-sequences), labels and members."""
+"""What every build stage shares: the settings its output depends on (``stage_config``), the dataset
+(``dataset_dir``) and the data (examples per split, their tokens as member groups and single sequences,
+labels and members)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,11 +13,87 @@ import numpy as np
 
 from ..compression.batches import MemberGroup, encode_member_groups
 from ..tokenization import PromptTokenizer
+from . import artifacts
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test", "pool")
+
+
+def _dump(model) -> dict:
+    return model.model_dump(mode="json")
+
+
+def _scorer_data(recipe: Recipe) -> dict:
+    from ..prompts import SCORING_TEMPLATE_VERSION
+
+    # The prompt template is upstream of everything: a new template re-runs every stage.
+    return {"data": {**_dump(recipe.data), "prompt_template": SCORING_TEMPLATE_VERSION}}
+
+
+def _generator_base(recipe: Recipe) -> dict:
+    """What every generator stage depends on: the data, the original teacher, its text and evaluation,
+    and its fine-tune."""
+    g = recipe.generator
+    return {
+        "data": _dump(recipe.data),
+        "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
+        "teacher_text": _dump(g.teacher_text),
+        "evaluation": _dump(g.evaluation),
+        "finetune": _dump(g.finetune) if g.finetune.enabled else {"enabled": False},
+    }
+
+
+# stage -> (the stage whose settings it builds on, the settings it adds)
+UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
+    "data": (None, _scorer_data),
+    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher)}),
+    "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
+    "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
+    "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),
+    "int8": (
+        "redistill",
+        lambda r: {"quantize": _dump(r.quantize), "buckets": list(r.publish.length_buckets)},
+    ),
+    "tensorrt": (
+        "redistill",
+        lambda r: {
+            "tensorrt": r.tensorrt.model_dump(mode="json", exclude={"instance_count", "warmup_max_batch"}),
+            "buckets": list(r.publish.length_buckets),
+            "max_batch_size": r.publish.max_batch_size,
+        },
+    ),
+    "gen_finetune": (None, _generator_base),
+    "gen_teacher": (None, _generator_base),
+    "gen_prune": ("gen_teacher", lambda r: {"student": _dump(r.generator.student)}),
+    "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _dump(r.generator.offpolicy)}),
+    "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _dump(r.generator.onpolicy)}),
+}
+
+
+def stage_config(recipe: Recipe, stage: str) -> dict:
+    """The settings a stage's output depends on: its own and everything upstream (a changed setting
+    re-runs its stage and the stages after it, not those before)."""
+    if stage not in UPSTREAM:
+        raise ValueError(f"unknown stage {stage!r} (known: {', '.join(UPSTREAM)})")
+    parent, own = UPSTREAM[stage]
+    return {**(stage_config(recipe, parent) if parent else {}), **own(recipe)}
+
+
+def dataset_dir(recipe: Recipe, work: Path) -> Path:
+    """The recipe's dataset directory, or the synthetic dataset written once into ``<work>/data``."""
+    if recipe.data.dataset is not None:
+        return recipe.data.dataset
+    from ..data.synth import SynthConfig, write_synthetic
+
+    target = work / "data" / "dataset"
+    config = stage_config(recipe, "data")
+    if not artifacts.is_done(work / "data", config):
+        artifacts.reset(work / "data")
+        write_synthetic(SynthConfig(**recipe.data.synth), target)
+        artifacts.mark_done(work / "data", config)
+    return target
 
 
 @dataclass

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 from ..compression.generation_data import Sampling, TeacherText
@@ -26,9 +25,10 @@ from ..compression.trainer import progress_bar
 from ..errors import BuildError, UserError
 from ..evaluation.generator_report import GeneratorRow
 from . import artifacts
-from .context import BuildData
+from .context import BuildData, dataset_dir, prepare_data, stage_config
 from .generator_recipe import GeneratorSettings
 from .recipe import Recipe
+from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -38,31 +38,6 @@ ROWS_FILE = "generator_rows.json"
 EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
-
-
-def stage_config(recipe: Recipe, stage: str) -> dict:
-    """The settings a generator stage's output depends on (itself and everything upstream)."""
-    g = recipe.generator
-    dump = lambda model: model.model_dump(mode="json")  # noqa: E731
-    config = {
-        "data": dump(recipe.data),
-        "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
-        "teacher_text": dump(g.teacher_text),
-        "evaluation": dump(g.evaluation),
-        "finetune": dump(g.finetune) if g.finetune.enabled else {"enabled": False},
-    }
-    for name, key, section in (
-        ("gen_finetune", None, None),
-        ("gen_teacher", None, None),
-        ("gen_prune", "student", g.student),
-        ("gen_offpolicy", "offpolicy", g.offpolicy),
-        ("gen_onpolicy", "onpolicy", g.onpolicy),
-    ):
-        if key is not None:
-            config = {**config, key: dump(section)}
-        if name == stage:
-            return config
-    raise ValueError(f"unknown generator stage {stage!r}")
 
 
 @dataclass
@@ -460,24 +435,19 @@ def _quality(rows: list[GeneratorRow]) -> str:
     return f": {row.stage}, KL to teacher {row.kl_teacher_text:.3f}, top-1 agreement {row.top1_agreement:.3f}"
 
 
+def load_rows(stage_dir: Path, name: str = ROWS_FILE) -> list[GeneratorRow]:
+    """A generator stage's saved rows."""
+    return [GeneratorRow.from_dict(d) for d in json.loads((stage_dir / name).read_text())]
+
+
 def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
     """Run (or skip, when done with the same settings) every generator stage, check the grounding of
     every model's held-out explanations, then the gates."""
+    stages = StageRunner(ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=_quality)
     by_stage: dict[str, list[GeneratorRow]] = {}
     for stage in active_stages(ctx.settings):
-        out, config = ctx.work / stage, stage_config(ctx.recipe, stage)
-        if artifacts.is_done(out, config):
-            log.info("stage %s: done before with the same settings, skipped", stage)
-        else:
-            started = time.perf_counter()
-            artifacts.prepare_stage(out, config)
-            log.info("stage %s: running", stage)
-            stage_rows = RUNNERS[stage](ctx, out)
-            (out / ROWS_FILE).write_text(json.dumps([r.as_dict() for r in stage_rows], indent=2) + "\n")
-            artifacts.mark_done(out, config)
-            seconds[stage] = time.perf_counter() - started
-            log.info("stage %s: finished in %.0f s%s", stage, seconds[stage], _quality(stage_rows))
-        by_stage[stage] = [GeneratorRow.from_dict(d) for d in json.loads((out / ROWS_FILE).read_text())]
+        stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))
+        by_stage[stage] = load_rows(ctx.work / stage)  # as saved, whether run now or before
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
             ctx.teacher = ctx.load_student(stage).eval()
     attach_grounding(ctx, by_stage)
@@ -537,12 +507,10 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
 def standalone_context(recipe: Recipe) -> GeneratorContext:
     """The generator stages' context without the scorer's stages (data written or reused, teacher loaded)."""
     from ..models.teacher import load_teacher
-    from .context import prepare_data
-    from .runner import _dataset_dir
 
     work = recipe.resolved_work_dir()
     work.mkdir(parents=True, exist_ok=True)
-    dataset = _dataset_dir(recipe, work)
+    dataset = dataset_dir(recipe, work)
     loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
     return generator_context(recipe, prepare_data(recipe, dataset, loaded.tokenizer_file), loaded)
 

@@ -3,6 +3,8 @@
 Every stage writes ``<work_dir>/<stage>/`` with its outputs, ``config.json`` (its resolved settings)
 and a ``done.json`` marker written last; a rerun skips stages whose marker matches their settings, so an
 interrupted build resumes from the last finished stage (and a stage resumes from its last checkpoint).
+The scorer, generator (``generator_stages``) and TensorRT (``tensorrt_stage``) stages all run through
+``resumable.StageRunner``, with the settings ``context.stage_config`` gives each.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pathlib import Path
 
 from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
-from . import artifacts
-from .context import BuildData, prepare_data
+from . import artifacts, generator_stages
+from .context import BuildData, dataset_dir, prepare_data, stage_config
 from .recipe import Recipe
+from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -41,50 +44,6 @@ class BuildResult:
         from ..evaluation.generator_report import generator_table
 
         return markdown_table(self.rows) + "\n\n" + generator_table(self.generator_rows)
-
-
-def _stage_config(recipe: Recipe, stage: str) -> dict:
-    """The settings a stage's output depends on (itself and everything upstream)."""
-    from ..prompts import SCORING_TEMPLATE_VERSION
-
-    # The prompt template is upstream of everything: a new template re-runs every stage.
-    data = {**recipe.data.model_dump(mode="json"), "prompt_template": SCORING_TEMPLATE_VERSION}
-    upstream = {
-        "data": {"data": data},
-        "teacher": {"data": data, "teacher": recipe.teacher.model_dump(mode="json")},
-    }
-    upstream["distill"] = {**upstream["teacher"], "student": recipe.student.model_dump(mode="json")}
-    upstream["prune"] = {
-        **upstream["distill"],
-        "prune": recipe.prune.model_dump(mode="json", exclude={"redistill"}),
-    }
-    upstream["redistill"] = {**upstream["prune"], "redistill": recipe.prune.redistill.model_dump(mode="json")}
-    upstream["int8"] = {
-        **upstream["redistill"],
-        "quantize": recipe.quantize.model_dump(mode="json"),
-        "buckets": list(recipe.publish.length_buckets),
-    }
-    upstream["tensorrt"] = {
-        **upstream["redistill"],
-        "tensorrt": recipe.tensorrt.model_dump(mode="json", exclude={"instance_count", "warmup_max_batch"}),
-        "buckets": list(recipe.publish.length_buckets),
-        "max_batch_size": recipe.publish.max_batch_size,
-    }
-    return upstream[stage]
-
-
-def _dataset_dir(recipe: Recipe, work: Path) -> Path:
-    if recipe.data.dataset is not None:
-        return recipe.data.dataset
-    from ..data.synth import SynthConfig, write_synthetic
-
-    target = work / "data" / "dataset"
-    config = _stage_config(recipe, "data")
-    if not artifacts.is_done(work / "data", config):
-        artifacts.reset(work / "data")
-        write_synthetic(SynthConfig(**recipe.data.synth), target)
-        artifacts.mark_done(work / "data", config)
-    return target
 
 
 def _gate(row: StageRow, minimum: float, teacher_auc: float) -> None:
@@ -121,33 +80,19 @@ def run_build(
     work.mkdir(parents=True, exist_ok=True)
     (work / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
     seconds: dict[str, float] = {}
+    stages = StageRunner(work, seconds, quality=_quality)
 
-    def timed(stage: str, fn, config: dict | None = None):
-        started = time.perf_counter()
-        out = work / stage
-        config = config or _stage_config(recipe, stage)
-        if artifacts.is_done(out, config):
-            log.info("stage %s: done before with the same settings, skipped", stage)
-            return artifacts.load_rows(out)
-        artifacts.prepare_stage(out, config)
-        log.info("stage %s: running", stage)
-        rows = fn(out)
-        artifacts.save_rows(out, rows)
-        artifacts.mark_done(out, config)
-        seconds[stage] = time.perf_counter() - started
-        log.info("stage %s: finished in %.0f s%s", stage, seconds[stage], _quality(rows))
-        return rows
+    def timed(stage: str, fn):
+        return stages.run(stage, stage_config(recipe, stage), fn)
 
     started = time.perf_counter()
-    dataset_dir = _dataset_dir(recipe, work)
+    dataset = dataset_dir(recipe, work)
     seconds["data"] = time.perf_counter() - started
     loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
-    data: BuildData = prepare_data(recipe, dataset_dir, loaded.tokenizer_file)
+    data: BuildData = prepare_data(recipe, dataset, loaded.tokenizer_file)
     generator = None
     if recipe.generator is not None:  # before the teacher stage trains loaded.model for scoring
-        from .generator_stages import generator_context
-
-        generator = generator_context(recipe, data, loaded)
+        generator = generator_stages.generator_context(recipe, data, loaded)
 
     rows = list(timed("teacher", lambda out: run_teacher(recipe, data, loaded.model, out)))
     teacher_auc = rows[-1].test_auc
@@ -166,7 +111,7 @@ def run_build(
     if recipe.target == "tensorrt":
         from .tensorrt_stage import tensorrt_tail
 
-        final, publisher = tensorrt_tail(recipe, data, _stage_config(recipe, "tensorrt"), timed, loaded)
+        final, publisher = tensorrt_tail(recipe, data, stages, loaded)
         _gate(final[0], recipe.gates.int8, teacher_auc)
         return _report_and_publish(
             recipe, rows + final, data, seconds, command, publisher, generator, on_scorer_published
@@ -227,8 +172,6 @@ def _report_and_publish(
     With ``on_scorer_published``: publish the scorer first, call it, then run the generator stages,
     rewrite the report and publish the generator. A model published before from the same recipe and
     still the repository's latest is kept rather than published again when none of its stages ran."""
-    from . import generator_stages
-
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data"})
     if generator is not None and on_scorer_published is None:

@@ -19,8 +19,9 @@ from ..evaluation.report import StageRow
 from ..export.tensorrt.device import cc_key, cc_of_plan, choose_precision, compute_capability, plan_filename
 from ..export.tensorrt.profiles import BucketProfile, bucket_profiles
 from . import artifacts
-from .context import BuildData
+from .context import BuildData, stage_config
 from .recipe import Recipe
+from .resumable import StageRunner
 from .stages import evaluate_scores
 
 log = logging.getLogger(__name__)
@@ -174,16 +175,17 @@ def preflight(recipe: Recipe) -> None:
     choose_precision(recipe.tensorrt.precision, compute_capability())
 
 
-def tensorrt_tail(recipe: Recipe, data: BuildData, upstream_config: dict, timed, loaded):
+def tensorrt_tail(recipe: Recipe, data: BuildData, stages: StageRunner, loaded):
     """Run the stage ``tensorrt_sm<cc>`` for this GPU (resumable per GPU type); return (rows, publisher)."""
     cc = compute_capability()
     work = recipe.resolved_work_dir()
+    upstream_config = stage_config(recipe, "tensorrt")
     engines = engines_dir(recipe, upstream_config)
     config = {**upstream_config, "compute_capability": cc_key(cc)}
-    rows = timed(
+    rows = stages.run(
         f"tensorrt_sm{cc[0]}{cc[1]}",
-        lambda out: run_tensorrt(recipe, data, work / "teacher", work / "redistill", out, engines),
         config,
+        lambda out: run_tensorrt(recipe, data, work / "teacher", work / "redistill", out, engines),
     )
 
     def publisher(card: str):

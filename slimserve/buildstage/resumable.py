@@ -1,0 +1,50 @@
+"""The one loop that runs a build stage resumably, for the scorer, generator and TensorRT stages.
+
+A stage runs in ``<work_dir>/<stage>/``: skipped when its ``done.json`` matches its settings (the rows
+it saved are read back), else it resumes from a checkpoint started with the same settings or starts
+from an empty directory, saves its rows, writes ``config.json`` and the done-marker last.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import artifacts
+
+log = logging.getLogger(__name__)
+
+
+def _no_quality(rows: list) -> str:
+    return ""
+
+
+@dataclass
+class StageRunner:
+    """Runs stages in ``work``, recording each run's seconds in ``seconds``; ``rows_file`` and
+    ``load_rows`` say where and how a stage's rows are kept, ``quality`` the closing words of its log line."""
+
+    work: Path
+    seconds: dict[str, float]
+    rows_file: str = "rows.json"
+    load_rows: Callable[[Path, str], list] = artifacts.load_rows
+    quality: Callable[[list], str] = _no_quality
+
+    def run(self, stage: str, config: dict, fn: Callable[[Path], list]) -> list:
+        """``fn(out)``'s rows, or the saved rows of an earlier run that finished with the same ``config``."""
+        out = self.work / stage
+        if artifacts.is_done(out, config):
+            log.info("stage %s: done before with the same settings, skipped", stage)
+            return self.load_rows(out, self.rows_file)
+        started = time.perf_counter()
+        artifacts.prepare_stage(out, config)
+        log.info("stage %s: running", stage)
+        rows = fn(out)
+        artifacts.save_rows(out, rows, self.rows_file)
+        artifacts.mark_done(out, config)
+        self.seconds[stage] = time.perf_counter() - started
+        log.info("stage %s: finished in %.0f s%s", stage, self.seconds[stage], self.quality(rows))
+        return rows
