@@ -124,7 +124,9 @@ def test_prompt_shows_history_most_recent_first():
     activity = next(line for line in text.splitlines() if line.startswith("Member activity: "))
     assert activity.startswith("Member activity: engaged with Platform Engineer at Hooli (internet); ")
     assert "dismissed Accountant at Initech (finance)" in activity
-    assert text.endswith("Answer Yes or No.\nAnswer:")
+    assert text.endswith("\nAnswer:") and text.index("Answer Yes or No.") < text.index("Job: ")
+    old = render_scoring_prompt(EXAMPLE_MEMBER, example_candidates(1)[0], "scoring-v4")
+    assert old.endswith("Answer Yes or No.\nAnswer:")  # v4 bundles keep asking after the item
 
 
 def test_match_line_is_computed_from_the_fields():
