@@ -116,3 +116,14 @@ async def test_the_published_student_is_served(built):
     finally:
         await server.stop(grace=1)
         triton.stop()
+
+
+def test_stage_line_names_the_model_the_stage_carries_on():
+    from slimserve.buildstage.runner import _quality
+    from slimserve.evaluation.report import StageRow
+
+    osscar = StageRow("pruned (osscar)", 0.79, 0.8, 0.5, retention=0.98)
+    baselines = [StageRow(f"pruned ({m})", 0.5, 0.6, 0.9, notes={"baseline": True}) for m in ("a", "b")]
+    assert _quality([osscar, *baselines]) == ": pruned (osscar), test AUC 0.790, retention 0.980"
+    assert _quality(baselines).startswith(": pruned (b)")  # only baselines: the last one
+    assert _quality([]) == ""

@@ -148,10 +148,11 @@ def run_build(
 
 
 def _quality(rows) -> str:
-    """The closing words of a stage's line: its (last) model's test AUC and retention."""
+    """The closing words of a stage's line: the test AUC and retention of the model the stage carries
+    on (its last row that is not a baseline, such as the magnitude-pruning comparisons)."""
     if not rows:
         return ""
-    row = rows[-1]
+    row = next((r for r in reversed(rows) if not r.notes.get("baseline")), rows[-1])
     retention = "" if row.retention != row.retention else f", retention {row.retention:.3f}"  # NaN: unset
     return f": {row.stage}, test AUC {row.test_auc:.3f}{retention}"
 

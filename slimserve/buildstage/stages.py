@@ -154,6 +154,8 @@ def run_prune(
         logits = _test_logits(ScorerGraph(pruned, *label_ids(data)).eval(), data)
         row = evaluate(f"pruned ({method})", logits, data, teacher_test, pruned)
         rows.append(row)
+        if method != "osscar":
+            row.notes["baseline"] = True  # compared, not carried on
         if method == "osscar":
             artifacts.save_causal_lm(pruned, out / "model")
             artifacts.save_arrays(out, logits_test=logits)

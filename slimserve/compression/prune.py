@@ -265,7 +265,9 @@ def prune_model(
     steps = (config.layers_keep is not None) + layers * (
         (config.heads_per_kv_group is not None) + (config.mlp_keep is not None)
     )
-    with torch.no_grad(), progress_bar(steps, f"prune ({config.method})", unit="step") as bar:
+    only_layers = config.heads_per_kv_group is None and config.mlp_keep is None
+    desc = "layer selection (skip importance)" if only_layers else f"prune ({config.method})"
+    with torch.no_grad(), progress_bar(steps, desc, unit="step") as bar:
         if config.layers_keep is not None:
             start = time.perf_counter()
             subset = first_tokens(batches, config.layer_calibration_tokens)
