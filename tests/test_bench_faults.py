@@ -35,6 +35,8 @@ def short_config(repository, work_dir, **overrides) -> FaultsConfig:
         "observe_seconds": 1.0,
         "outage_seconds": 1.0,
         "freeze_seconds": 7.0,
+        # A hang lasts until SIGCONT (up to 7 s); 2 s past a 3 s deadline leaves room for 2 busy cores.
+        "late_slack_s": 2.0,
         "soak_minutes": 0.1,
         "soak_warmup_minutes": 0.05,
         "startup_timeout_s": 120.0,

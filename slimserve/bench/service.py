@@ -20,7 +20,20 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ..serving.triton.launcher import free_port, read_log_tail
+from ..serving.triton.launcher import free_ports, read_log_tail
+
+# The ports a stack on this host may be serving on (services, health, Triton's defaults, metrics): a
+# benchmark never takes them, even while they are free, so it cannot block a ``slimserve up`` started
+# meanwhile.
+WELL_KNOWN_PORTS = frozenset({8000, 8001, 8002, 9090, 9091, 50051, 50052, 50061, 50062})
+
+
+def free_bench_ports(count: int = 1) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago, none of ``WELL_KNOWN_PORTS``."""
+    while True:
+        ports = free_ports(count)
+        if not WELL_KNOWN_PORTS.intersection(ports):
+            return ports
 
 
 def wait_serving(target: str, process: subprocess.Popen, timeout_s: float, log_path: Path) -> None:
@@ -90,7 +103,7 @@ def running_service(
 ) -> Iterator[ServiceProcess]:
     """``service_process``, yielding the process too (``slimserve bench faults`` signals it and reads its
     memory). Flags in ``settings`` come after the defaults here, so they override them."""
-    port = free_port()
+    (port,) = free_bench_ports()
     command = [
         sys.executable,
         "-m",

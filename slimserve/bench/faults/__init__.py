@@ -5,7 +5,7 @@ repository's scorer; each case starts its own ``slimserve serve`` child process 
 (``fuzz``), open-loop overload (``overload``), Triton killed and restarted or frozen and resumed
 (``triton_faults``), SIGTERM under load (``drain``), a version published while serving (``publish``),
 and an optional soak (``soak``). Each case returns a ``CaseResult``; ``report.format_faults_table``
-prints them. docs/security.md, "Operations: what each fault does", lists the targets.
+prints them. docs/faults.md lists the targets.
 """
 
 from .config import CASE_ORDER, FaultsConfig

@@ -63,6 +63,11 @@ class FaultsConfig(Settings):
     freeze_seconds: float = Field(
         5.0, gt=0, description="Seconds Triton stays stopped (SIGSTOP); longer than twice deadline_s."
     )
+    late_slack_s: float = Field(
+        0.5,
+        gt=0,
+        description="A call answered more than this long after its deadline counts as past it (a hang).",
+    )
     soak_minutes: float = Field(0.0, ge=0, description="Soak at half capacity for this long (0: no soak).")
     soak_warmup_minutes: float = Field(
         5.0, gt=0, description="Soak: RSS growth is measured from this point (at most half the soak)."

@@ -4,7 +4,9 @@ The drain (``serving.server``): health NOT_SERVING at once, new calls still take
 (those already on the wire), then refused (UNAVAILABLE) while the calls in flight finish within
 ``drain_grace_s``; then the process exits 0. A call in flight at the signal that does not end OK is an
 accepted call lost; so is a later call that ends with anything but OK or UNAVAILABLE (the server took it
-and dropped it).
+and dropped it), except a CANCELLED one answered between the end of ``drain_delay_s`` and the exit: gRPC
+cancels the calls no handler has taken yet when the server stops (counted apart). The fault strikes once
+a call has succeeded and another is in flight, so there is always a call in flight at the signal.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import subprocess
 import time
 
 from .config import FaultsConfig
-from .load import OK, codes, describe_codes, under_load
+from .load import OK, codes, describe_codes, under_load, until_serving_and_busy
 from .report import CaseResult, below, info, zero
 from .stack import Stack, service_default
 
 REFUSED = "UNAVAILABLE"
+# How gRPC ends a call that reached the server but no handler yet when the server shuts down (it
+# never ran): seen for new calls sent in the last milliseconds of drain_delay_s, answered at the stop.
+CUT = "CANCELLED"
 AFTER_EXIT_S = 0.5  # load kept running after the exit, so calls meet a closed port too
 EXIT_SLACK_S = 30.0
 
@@ -36,7 +41,8 @@ async def _drain(
 ):
     async with under_load(target, requests, config.deadline_s, config.load_workers, 0.02) as (call, health):
         await asyncio.sleep(config.observe_seconds)
-        signalled = time.perf_counter()
+        await until_serving_and_busy(call, config.startup_timeout_s)
+        signalled = time.perf_counter()  # the calls in flight now are in flight at the signal
         process.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(_wait_exit, process, grace_s + EXIT_SLACK_S)
         exited = time.perf_counter()
@@ -53,7 +59,9 @@ def run_drain(stack: Stack, config: FaultsConfig, requests: list) -> CaseResult:
         )
     in_flight = [o for o in call.outcomes if o.in_flight_at(signalled)]
     later = call.between(signalled)
-    dropped = [o for o in later if o.code not in (OK, REFUSED)]
+    stopping = signalled + float(service_default("drain_delay_s"))
+    cut = [o for o in later if o.code == CUT and stopping <= o.finished <= exited]
+    dropped = [o for o in later if o.code not in (OK, REFUSED) and o not in cut]
     during = call.between(signalled, exited)
     result = CaseResult("SIGTERM under load")
     result.figures = [
@@ -62,11 +70,17 @@ def run_drain(stack: Stack, config: FaultsConfig, requests: list) -> CaseResult:
         info(
             "new calls during the drain: served / refused", f"{codes(during)[OK]} / {codes(during)[REFUSED]}"
         ),
+        info("new calls cut at the server's stop (CANCELLED, never taken)", len(cut)),
         info("codes after SIGTERM", describe_codes(codes(later))),
         below("health NOT_SERVING after SIGTERM", health.first("NOT_SERVING", signalled), 1.0),
         info("drain (SIGTERM to exit)", exited - signalled, unit="s"),
         zero("exit code", -1 if code is None else code),
     ]
+    if cut:
+        result.notes.append(
+            f"{len(cut)} new calls answered CANCELLED as the server stopped, after drain_delay_s: gRPC cancels "
+            "calls that reached the server but no handler yet when it shuts down (a retry is safe)"
+        )
     if not codes(later)[REFUSED]:
         result.notes.append("no new call met the closed server (the drain ended between two calls)")
     return result

@@ -73,20 +73,31 @@ class RecordedScore:
         self.requests = requests
         self.deadline_s = deadline_s
         self.outcomes: list[Outcome] = []
+        self.in_flight = 0  # calls sent and not yet answered
 
     async def __call__(self, index: int) -> CallOutcome:
         sent = time.perf_counter()
+        self.in_flight += 1
         try:
             response = await self.stub.Score(
                 self.requests[index % len(self.requests)], timeout=self.deadline_s
             )
         except grpc.aio.AioRpcError as exc:
-            self.outcomes.append(Outcome(sent, time.perf_counter(), exc.code().name))
+            self._record(Outcome(sent, time.perf_counter(), exc.code().name))
+            raise
+        except BaseException:  # cancelled: no outcome, but no longer in flight
+            self.in_flight -= 1
             raise
         metadata = response.metadata
         served = f"{metadata.model_version}:{metadata.bundle_hash}"
-        self.outcomes.append(Outcome(sent, time.perf_counter(), OK, served))
+        self._record(Outcome(sent, time.perf_counter(), OK, served))
         return CallOutcome(items=len(response.items))
+
+    def _record(self, outcome: Outcome) -> None:
+        # In the same step as the outcome: a caller that sees ``in_flight`` > 0 and then, without
+        # awaiting, notes the time, has calls whose ``in_flight_at`` that time holds.
+        self.in_flight -= 1
+        self.outcomes.append(outcome)
 
     async def safe(self, index: int) -> str:
         """One call; its status code instead of an exception."""
@@ -162,13 +173,31 @@ async def watching_health(target: str, interval_s: float = 0.05) -> AsyncIterato
 
 
 async def wait_until(predicate, timeout_s: float, interval_s: float = 0.05) -> float | None:
-    """Poll ``predicate()`` until true; seconds it took, or None after ``timeout_s``."""
+    """Poll ``predicate()`` until true; seconds it took, or None after ``timeout_s``. When it returns a
+    number, ``predicate()`` held in the same step (nothing ran in between), so a caller can act on it."""
     started = time.perf_counter()
     while time.perf_counter() - started < timeout_s:
         if predicate():
             return time.perf_counter() - started
         await asyncio.sleep(interval_s)
     return None
+
+
+async def until_serving_and_busy(call: RecordedScore, timeout_s: float) -> None:
+    """Wait until a call sent from now succeeded and another is in flight: the moment a fault may strike.
+
+    Returns in the step that saw a call in flight (no await after it), so a fault started right away
+    finds that call in flight. RuntimeError when that does not happen within ``timeout_s``.
+    """
+    start = time.perf_counter()
+    waited = await wait_until(
+        lambda: any(o.code == OK for o in call.between(start)), timeout_s, interval_s=0.01
+    )
+    if waited is None or await wait_until(lambda: call.in_flight > 0, timeout_s, 0.001) is None:
+        raise RuntimeError(
+            f"no call succeeded with another in flight within {timeout_s:g} s: "
+            + describe_codes(codes(call.between(start)))
+        )
 
 
 @contextlib.asynccontextmanager

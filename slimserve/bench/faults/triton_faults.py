@@ -1,5 +1,6 @@
-"""Triton faults under load: killed (SIGKILL to its process group) then restarted; frozen (SIGSTOP) then
-resumed (SIGCONT). The service is never restarted; its health is watched throughout.
+"""Triton faults under load: killed (SIGKILL to its process group) then restarted; frozen (SIGSTOP to the
+server process) then resumed (SIGCONT). The service is never restarted; its health is watched throughout.
+Each fault strikes once a call has succeeded and another is in flight.
 
 Killed: calls must fail UNAVAILABLE at once, health turn NOT_SERVING, and both come back by themselves
 once a new Triton is ready on the same port. Frozen: Triton keeps its connections but answers nothing,
@@ -14,7 +15,7 @@ import signal
 import time
 
 from .config import FaultsConfig
-from .load import OK, codes, describe_codes, under_load, wait_until
+from .load import OK, codes, describe_codes, under_load, until_serving_and_busy, wait_until
 from .report import CaseResult, below, info, zero
 from .stack import Stack
 
@@ -23,7 +24,6 @@ DEADLINE = "DEADLINE_EXCEEDED"
 # How a call may end while Triton is frozen: at its deadline, or refused at once once health has noticed.
 ENDED = (DEADLINE, UNAVAILABLE)
 RECOVERY_TIMEOUT_S = 60.0
-LATE_SLACK_S = 0.5  # an answer this long after its deadline counts as past it (a hang: much longer)
 
 
 def _first_after(outcomes, code: str, moment: float, sent_after: bool = True) -> float | None:
@@ -40,6 +40,7 @@ def _first_after(outcomes, code: str, moment: float, sent_after: bool = True) ->
 async def _kill(stack: Stack, target: str, requests: list, config: FaultsConfig) -> CaseResult:
     async with under_load(target, requests, config.deadline_s, config.load_workers) as (call, health):
         await asyncio.sleep(config.observe_seconds)
+        await until_serving_and_busy(call, RECOVERY_TIMEOUT_S)
         killed = time.perf_counter()
         stack.signal_triton(signal.SIGKILL)
         await asyncio.to_thread(stack.triton.stop)  # reap the group
@@ -72,7 +73,7 @@ async def _kill(stack: Stack, target: str, requests: list, config: FaultsConfig)
         info("first OK after Triton is back", _first_after(call.outcomes, OK, back), unit="s"),
         zero(
             "calls past their deadline",
-            sum(1 for o in call.outcomes if o.seconds > config.deadline_s + LATE_SLACK_S),
+            sum(1 for o in call.outcomes if o.seconds > config.deadline_s + config.late_slack_s),
         ),
     ]
     return result
@@ -81,19 +82,20 @@ async def _kill(stack: Stack, target: str, requests: list, config: FaultsConfig)
 async def _freeze(stack: Stack, target: str, requests: list, config: FaultsConfig) -> CaseResult:
     async with under_load(target, requests, config.deadline_s, config.load_workers) as (call, health):
         await asyncio.sleep(config.observe_seconds)
-        frozen = time.perf_counter()
-        stack.signal_triton(signal.SIGSTOP)
+        await until_serving_and_busy(call, RECOVERY_TIMEOUT_S)
+        stack.freeze_triton()
+        frozen = time.perf_counter()  # once the server is stopped: calls sent from now cannot be answered
         try:
             await asyncio.sleep(config.freeze_seconds)
         finally:
-            stack.signal_triton(signal.SIGCONT)
+            stack.resume_triton()
         resumed = time.perf_counter()
         await wait_until(lambda: _first_after(call.outcomes, OK, resumed) is not None, RECOVERY_TIMEOUT_S)
         await asyncio.sleep(config.observe_seconds)
     # Calls sent while Triton was stopped and due before it resumed: none may succeed or hang.
     due = call.between(frozen, resumed - config.deadline_s)
     expired = [o for o in call.outcomes if o.code == DEADLINE]
-    late = [o for o in call.outcomes if o.seconds > config.deadline_s + LATE_SLACK_S]
+    late = [o for o in call.outcomes if o.seconds > config.deadline_s + config.late_slack_s]
     result = CaseResult("Triton frozen")
     result.figures = [
         info("calls due while frozen", len(due)),
