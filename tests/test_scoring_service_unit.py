@@ -228,7 +228,9 @@ def test_older_templates_are_served_with_their_own_text(tmp_path):
     cores = {}
     for version in ("scoring-v3", "scoring-v4", prompts.SCORING_TEMPLATE_VERSION):
         (tmp_path / version).mkdir()
-        cores[version] = ScoringCore.from_config(config_for(make_bundle(tmp_path / version, template=version)))
+        cores[version] = ScoringCore.from_config(
+            config_for(make_bundle(tmp_path / version, template=version))
+        )
     items = [schema.Item(id="j1", title="Job 1")]
     ids = {v: core.prepare(MEMBER, items)[0].attention_mask.sum() for v, core in cores.items()}
     assert ids["scoring-v3"] == ids["scoring-v4"] != ids[prompts.SCORING_TEMPLATE_VERSION]
