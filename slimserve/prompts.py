@@ -16,6 +16,8 @@ WHOLE_TEXT_TEMPLATES = ("scoring-v3",)
 # item; ``scoring-v5`` asks it once, at the end of the member prefix (16 fewer tokens per candidate).
 OLDER_SPLIT_TEMPLATES = ("scoring-v4",)
 SERVED_TEMPLATES = (SCORING_TEMPLATE_VERSION, *OLDER_SPLIT_TEMPLATES, *WHOLE_TEXT_TEMPLATES)
+# Templates whose member prefix ends with the question (asked once per Score call).
+QUESTION_IN_PREFIX = ("scoring-v5",)
 
 # The answer cue ends the prompt; the model's next token decides. Label words carry their leading space
 # because that is how they follow the cue in running text (one token each in SmolLM2's vocabulary).
@@ -127,7 +129,7 @@ def _question_once(version: str) -> bool:
     """Whether ``version`` asks the question once per member (``scoring-v5``) or after every item."""
     if version not in SERVED_TEMPLATES:
         raise ValueError(f"unknown scoring template {version!r}; known: {', '.join(SERVED_TEMPLATES)}")
-    return version == SCORING_TEMPLATE_VERSION
+    return version in QUESTION_IN_PREFIX
 
 
 def _question(kind: str) -> str:
