@@ -155,6 +155,9 @@ class _Call:
             yield request
 
     async def fail(self, exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+        # the status reaches the client inside abort(): give the work back first, so a caller that
+        # retries on the answer finds the budget free
+        self.release_all()
         if isinstance(exc, grpc.aio.AbortError):  # the handler aborted itself
             self.code = _context_code(context) or grpc.StatusCode.UNKNOWN
             raise exc
@@ -177,9 +180,12 @@ class _Call:
     def trailer(self) -> tuple[tuple[str, str], ...]:
         return ((REQUEST_ID_METADATA, request_id_var.get()),)
 
-    def end(self) -> None:
+    def release_all(self) -> None:
         while self.held:
             self.answered()
+
+    def end(self) -> None:
+        self.release_all()
         if self.metrics is not None and self.token is not None:
             elapsed = time.perf_counter() - self.start
             self.metrics.in_flight.labels(self.method).dec()
