@@ -154,7 +154,7 @@ def _run_triton(args: argparse.Namespace) -> int:
 
 # -- serve --------------------------------------------------------------------------------------------
 def _add_serve(sub) -> None:
-    from .serving.config import ScoringServiceConfig
+    from .serving.scoring.config import ScoringServiceConfig
     from .settings import add_config_flags
 
     parser = sub.add_parser("serve", help="run the scoring gRPC service against a running Triton")
@@ -164,8 +164,8 @@ def _add_serve(sub) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from .serving.config import ScoringServiceConfig
-    from .serving.server import run_scoring_service
+    from .serving.scoring.config import ScoringServiceConfig
+    from .serving.scoring.server import run_scoring_service
     from .settings import config_from_args
 
     run_scoring_service(config_from_args(ScoringServiceConfig, args, args.config))

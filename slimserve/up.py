@@ -280,8 +280,8 @@ def _stop_on_signals(loop):
 
 async def _start_scoring(options: UpOptions, triton_url: str, bundle_dir: Path):
     """Start the scoring service on the published scorer and wait until it serves; returns the server."""
-    from .serving.config import ScoringServiceConfig
-    from .serving.server import ScoringServer
+    from .serving.scoring.config import ScoringServiceConfig
+    from .serving.scoring.server import ScoringServer
 
     config = ScoringServiceConfig(
         host=options.host,

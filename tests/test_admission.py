@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from slimserve.serving.admission import RETRY_PUSHBACK_METADATA, Overloaded, WorkBudget, candidates
-from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.reasoning.config import ReasoningServiceConfig
-from slimserve.serving.server import ScoringServer
+from slimserve.serving.scoring.config import ScoringServiceConfig
+from slimserve.serving.scoring.server import ScoringServer
 from slimserve.settings import ConfigError, load_config
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
 from tests import test_scoring_service_unit

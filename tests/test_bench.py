@@ -27,7 +27,7 @@ def test_percentiles_match_known_data():
 async def test_latency_bench_against_the_tiny_service(tiny_repository, tiny_triton):
     import asyncio
 
-    from slimserve.serving.server import ScoringServer
+    from slimserve.serving.scoring.server import ScoringServer
     from tests.test_e2e_scoring import service_config
 
     server = ScoringServer(service_config(tiny_repository, tiny_triton.grpc_url))

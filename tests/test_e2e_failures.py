@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from slimserve.bundle import BUNDLE_FILE, bundle_dir_for, load_bundle
 from slimserve.client import build_request
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-from slimserve.serving.server import ScoringServer
+from slimserve.serving.scoring.server import ScoringServer
 from tests.conftest import start_triton
 from tests.test_e2e_scoring import service_config
 

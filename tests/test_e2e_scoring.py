@@ -18,8 +18,8 @@ from slimserve.client import build_request
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.export.triton_config import check_against_onnx, onnx_io_specs, parse_config_pbtxt
 from slimserve.scoring_tokens import encode_scoring
-from slimserve.serving.config import ScoringServiceConfig
-from slimserve.serving.server import ScoringServer
+from slimserve.serving.scoring.config import ScoringServiceConfig
+from slimserve.serving.scoring.server import ScoringServer
 from slimserve.serving.triton.client import TritonScorerClient
 from slimserve.tokenization import PromptTokenizer, bucket_for, pad_batch, pad_multi_item
 from slimserve.v1 import scoring_pb2_grpc

@@ -69,7 +69,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("heavy import in the service image: " + name)
 sys.meta_path.insert(0, Block())
 from slimserve.cli import build_parser
-import slimserve.serving.server
+import slimserve.serving.scoring.server
 commands = build_parser()._subparsers._group_actions[0].choices
 for command in ("serve", "serve-reasoning", "score"):
     if command in commands:

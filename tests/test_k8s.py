@@ -282,7 +282,7 @@ def service_config_class(prefix: str):
 
     from slimserve.settings import Settings
 
-    for module in ("slimserve.serving.config", "slimserve.serving.reasoning.config"):
+    for module in ("slimserve.serving.scoring.config", "slimserve.serving.reasoning.config"):
         with contextlib.suppress(ImportError):
             importlib.import_module(module)
     pending, found = [Settings], []
@@ -341,7 +341,7 @@ def test_service_deployment_matches_the_service_configuration(rendered, componen
 
 
 def test_scoring_config_file_in_the_image_agrees_with_the_manifest(rendered):
-    from slimserve.serving.config import ScoringServiceConfig
+    from slimserve.serving.scoring.config import ScoringServiceConfig
     from slimserve.settings import load_config
 
     (container,) = named(rendered["cpu"], "Deployment", "slimserve-scoring")["spec"]["template"]["spec"][

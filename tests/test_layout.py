@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slimserve.export.pipeline import ScorerExportConfig
-from slimserve.serving.config import ScoringServiceConfig
+from slimserve.serving.scoring.config import ScoringServiceConfig
 from slimserve.settings import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_serving_never_imports_torch_transformers_or_build_code():
     code = (
-        "import sys, slimserve.serving.server, slimserve.serving.triton.launcher, slimserve.client,"
+        "import sys, slimserve.serving.scoring.server, slimserve.serving.triton.launcher, slimserve.client,"
         " slimserve.serving.reasoning.server, slimserve.reasoning_client;"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx')"
         " or m.startswith('slimserve.export')];"

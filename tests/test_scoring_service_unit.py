@@ -27,11 +27,11 @@ from slimserve.bundle import (
     sha256_file,
     write_bundle,
 )
-from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.convert import item_to_proto, member_to_proto
 from slimserve.serving.errors import Unavailable
+from slimserve.serving.scoring.config import ScoringServiceConfig
 from slimserve.serving.scoring.core import SERVICE_NAME, ScoringCore, rank
-from slimserve.serving.server import ScoringServer
+from slimserve.serving.scoring.server import ScoringServer
 from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
 
 WORDS = ["Member", "headline", "skills", "Candidate", "job", "Answer", "Question", "Yes", "No"]

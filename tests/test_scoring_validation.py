@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from slimserve.schema import Item, ItemKind, Member, Seniority
-from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.errors import InvalidArgument
+from slimserve.serving.scoring.config import ScoringServiceConfig
 from slimserve.serving.scoring.validation import effective_top_k, validate_score_request
 
 LIMITS = ScoringServiceConfig(

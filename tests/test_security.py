@@ -24,9 +24,9 @@ from slimserve.client import score_once
 from slimserve.errors import UserError
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.serving import security
-from slimserve.serving.config import ScoringServiceConfig
+from slimserve.serving.scoring.config import ScoringServiceConfig
+from slimserve.serving.scoring.server import ScoringServer
 from slimserve.serving.security import TokenSet, bearer_token, check_plaintext_bind, is_loopback
-from slimserve.serving.server import ScoringServer
 from slimserve.settings import ConfigError, load_config
 from slimserve.v1 import scoring_pb2_grpc
 from tests.test_scoring_service_unit import config_for, make_bundle, score_request

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slimserve.serving.config import (
-    ConfigError,
-    ScoringServiceConfig,
-    add_config_flags,
-    config_from_args,
-    load_config,
-)
+from slimserve.serving.config import ConfigError, add_config_flags, config_from_args, load_config
+from slimserve.serving.scoring.config import ScoringServiceConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:

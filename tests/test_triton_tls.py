@@ -21,9 +21,9 @@ from slimserve.bundle import bundle_dir_for, load_bundle
 from slimserve.channel import PLAINTEXT, ClientSecurity, open_aio_channel, security_from_files
 from slimserve.cli import build_parser
 from slimserve.errors import UserError
-from slimserve.serving.config import ScoringServiceConfig
 from slimserve.serving.errors import Unavailable
-from slimserve.serving.server import ScoringServer
+from slimserve.serving.scoring.config import ScoringServiceConfig
+from slimserve.serving.scoring.server import ScoringServer
 from slimserve.serving.triton.client import TritonScorerClient
 from slimserve.serving.triton.launcher import (
     TritonGrpcTls,

@@ -1,14 +1,15 @@
-"""Configuration of the gRPC services: the fields every service shares, and the scoring service's own.
+"""Configuration fields every gRPC service shares; each service's own model lives in its folder.
 
 One pydantic model per service, every field described; ``GrpcServiceConfig`` holds what the shared
 server parts read (addresses, TLS, tokens, health port, Triton and the TLS to it, bundle location,
-deadlines, drain, admission, logging).
+deadlines, drain, admission, logging), ``RecordLimitsConfig`` the limits on member and item records.
+The services' models: ``serving.scoring.config`` and ``serving.reasoning.config``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -184,36 +185,10 @@ class RecordLimitsConfig(GrpcServiceConfig):
     max_id_chars: int = Field(256, ge=1, description="Longest member or item id (characters).")
 
 
-class ScoringServiceConfig(RecordLimitsConfig):
-    """Configuration of the scoring service (``slimserve serve``)."""
-
-    env_prefix: ClassVar[str] = "SLIMSERVE_SCORING_"
-
-    model_name: str = Field("scorer", description="Name of the scoring model in the repository.")
-    max_candidates: int = Field(500, ge=1, description="Most candidates one Score request may carry.")
-    triton_chunk_size: int = Field(8, ge=1, description="Candidates per Triton request (sent concurrently).")
-    max_candidates_in_flight: int | None = Field(
-        4000,
-        ge=1,
-        description="Admission budget: candidates of all Score calls in flight; a call that would pass it "
-        "gets RESOURCE_EXHAUSTED at once (before tokenizing). Unset = no limit; at least max_candidates.",
-    )
-
-    @model_validator(mode="after")
-    def _budget_holds_one_call(self) -> ScoringServiceConfig:
-        budget = self.max_candidates_in_flight
-        if budget is not None and budget < self.max_candidates:
-            raise ValueError(
-                f"max_candidates_in_flight ({budget}) must be at least max_candidates ({self.max_candidates})"
-            )
-        return self
-
-
 __all__ = [
     "ConfigError",
     "GrpcServiceConfig",
     "RecordLimitsConfig",
-    "ScoringServiceConfig",
     "ServiceConfig",
     "add_config_flags",
     "config_from_args",

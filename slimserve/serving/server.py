@@ -7,7 +7,8 @@ watcher), reflection and a Prometheus endpoint, all on one port: plaintext, TLS 
 a second, plaintext server answers only grpc.health.v1 (the same statuses), for probes without TLS.
 ``stop`` drains: health goes NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then
 the Triton client closes.
-``ScoringServer`` is the scoring service; ``run_service`` runs one until SIGTERM or SIGINT.
+``run_service`` runs one until SIGTERM or SIGINT. The services' servers: ``serving.scoring.server``
+(``ScoringServer``) and ``serving.reasoning.server`` (``ReasoningServer``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from slimserve.v1 import scoring_pb2, scoring_pb2_grpc
-
 from . import admission
-from .config import GrpcServiceConfig, ScoringServiceConfig
+from .config import GrpcServiceConfig
 from .grpc_errors import RequestIdFilter, ServingInterceptor
-from .metrics import ScoringMetrics, ServingMetrics, start_metrics_server
-from .scoring.core import ScoringCore
-from .scoring.servicer import ScoringServicer
+from .metrics import ServingMetrics, start_metrics_server
 from .security import (
     ReloadingCertificates,
     TokenInterceptor,
@@ -231,26 +228,6 @@ class ServiceServer:
             await self._server.wait_for_termination()
 
 
-class ScoringServer(ServiceServer):
-    """The scoring service (``slimserve serve``)."""
-
-    service_name = "ScoringService"
-    service_descriptor = scoring_pb2.DESCRIPTOR
-    metrics_class = ScoringMetrics
-    budget_field = "max_candidates_in_flight"
-    budget_unit = "candidates"
-    admission_costs = {
-        "ScoringService/Score": admission.candidates,
-        "ScoringService/ScoreStream": admission.candidates,
-    }
-
-    def build_core(self) -> ScoringCore:
-        return ScoringCore.from_config(self.config, metrics=self.metrics)
-
-    def add_servicer(self, server: grpc.aio.Server) -> None:
-        scoring_pb2_grpc.add_ScoringServiceServicer_to_server(ScoringServicer(self.core), server)
-
-
 async def serve(server: ServiceServer, stop_event: asyncio.Event | None = None) -> None:
     """Run ``server`` until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain.
 
@@ -298,8 +275,3 @@ def run_service(server: ServiceServer) -> None:
     """Run a service in this process until SIGTERM or SIGINT, then drain (the ``serve*`` commands)."""
     configure_logging(server.config.log_level)
     asyncio.run(serve(server))
-
-
-def run_scoring_service(config: ScoringServiceConfig) -> None:
-    """Run the scoring service in this process until SIGTERM or SIGINT (``slimserve serve``)."""
-    run_service(ScoringServer(config))

@@ -23,7 +23,7 @@ import grpc
 
 from ...client import build_request
 from ...examples import EXAMPLE_MEMBER, example_candidates
-from ...serving.config import ScoringServiceConfig
+from ...serving.scoring.config import ScoringServiceConfig
 from .config import FaultsConfig
 from .load import CRASH_CODES, OK, describe_codes
 from .report import CaseResult, below, info, zero

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ...bundle import bundle_dir_for, load_bundle
 from ...errors import UserError
-from ...serving.config import ScoringServiceConfig
+from ...serving.scoring.config import ScoringServiceConfig
 from ...serving.triton.launcher import TritonServer, TritonServerConfig
 from ..service import ServiceProcess, free_bench_ports, running_service
 from .config import FaultsConfig

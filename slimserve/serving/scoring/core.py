@@ -33,9 +33,9 @@ from ..health import ModelHealthWatcher
 from .validation import effective_top_k, validate_score_request
 
 if TYPE_CHECKING:
-    from ..config import ScoringServiceConfig
     from ..metrics import ScoringMetrics
     from ..triton.client import InferResult, TritonScorerClient
+    from .config import ScoringServiceConfig
 
 log = logging.getLogger(__name__)
 
