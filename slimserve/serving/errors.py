@@ -1,7 +1,7 @@
 """The serving error root: every error a client can see, each carrying its gRPC status code.
 
 Raised by the Triton client and the service cores; the gRPC layer maps them to status codes in one
-place (``slimserve.serving.grpc_errors``). Messages are safe to show to clients; internals stay in logs.
+place (``slimserve.serving.interceptor``). Messages are safe to show to clients; internals stay in logs.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 
 from . import admission
 from .config import GrpcServiceConfig
-from .grpc_errors import RequestIdFilter, ServingInterceptor
+from .interceptor import RequestIdFilter, ServingInterceptor
 from .metrics import ServingMetrics, start_metrics_server
 from .security import (
     ReloadingCertificates,

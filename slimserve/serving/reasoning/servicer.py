@@ -13,7 +13,7 @@ from contextlib import aclosing
 from slimserve.v1 import common_pb2, reasoning_pb2, reasoning_pb2_grpc
 
 from ..convert import item_from_proto, member_from_proto
-from ..grpc_errors import current_request_id
+from ..interceptor import current_request_id
 from .core import GenerationSummary, ReasoningCore
 from .validation import GenerationOptions
 

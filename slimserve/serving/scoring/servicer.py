@@ -16,7 +16,7 @@ from slimserve.v1 import common_pb2, scoring_pb2, scoring_pb2_grpc
 
 from ..convert import item_from_proto, member_from_proto
 from ..errors import InvalidArgument, ServingError
-from ..grpc_errors import check_request_id, current_request_id, request_id_var
+from ..interceptor import check_request_id, current_request_id, request_id_var
 from .core import ScoringCore
 
 STREAM_WINDOW = 32

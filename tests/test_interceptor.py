@@ -10,7 +10,7 @@ import pytest
 
 from slimserve.serving import errors
 from slimserve.serving.admission import Overloaded
-from slimserve.serving.grpc_errors import RequestIdFilter, check_request_id, request_id_var, status_for
+from slimserve.serving.interceptor import RequestIdFilter, check_request_id, request_id_var, status_for
 
 TABLE = [
     (errors.InvalidArgument("candidates[3].id", "required"), grpc.StatusCode.INVALID_ARGUMENT),
@@ -58,7 +58,7 @@ def test_unexpected_error_is_internal_and_generic(exc, caplog):
     try:
         raise exc
     except Exception as raised:
-        with caplog.at_level(logging.ERROR, logger="slimserve.serving.grpc_errors"):
+        with caplog.at_level(logging.ERROR, logger="slimserve.serving.interceptor"):
             code, message = status_for(raised, request_id="abc123")
     assert code == grpc.StatusCode.INTERNAL
     assert message == "internal error (request id abc123)"
