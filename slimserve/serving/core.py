@@ -2,16 +2,21 @@
 
 A core holds the plain-typed logic of one service; the servicer converts protobuf around it and the
 ``ServiceServer`` runs it. The health watcher polls the bundle's model; ``check_serving`` refuses a
-request at once while the model is not ready or carries another bundle.
+request at once while the model is not ready or carries another bundle. ``triton_call`` keeps the
+books of one call to Triton (its outcome in the metrics; UNAVAILABLE tells the health watcher).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from slimserve.bundle import BundleError
 
+from .errors import ServingError, Unavailable
 from .health import ModelHealthWatcher
 
 
@@ -53,6 +58,11 @@ class ServiceCore:
             service_names=(self.service_name,),
         )
 
+    def triton_call(self, start: float | None = None) -> TritonCall:
+        """The bookkeeping of one Triton call, timed from ``start`` (default: now): ``with`` it around the
+        call (or the reading of its stream)."""
+        return TritonCall(self, time.perf_counter() if start is None else start)
+
     def check_serving(self) -> None:
         """Refuse at once when the model is not ready or carries another bundle."""
         self.watcher.check_serving(self.bundle.model_name)
@@ -61,3 +71,32 @@ class ServiceCore:
         """Stop the health watcher and close the Triton client."""
         await self.watcher.stop()
         await self.client.close()
+
+
+class TritonCall:
+    """One call to Triton, as a context manager: on leaving, its outcome ("ok", the ``ServingError``'s
+    status code name, CANCELLED when the caller left, INTERNAL for anything else) goes into the core's
+    ``triton_latency`` with the time since ``start``; an ``Unavailable`` also tells the health watcher, so
+    the next requests are refused at once."""
+
+    def __init__(self, core: ServiceCore, start: float):
+        self.core = core
+        self.start = start
+
+    def __enter__(self) -> TritonCall:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        outcome = "ok"
+        if isinstance(exc, ServingError):
+            outcome = exc.code.name
+            if isinstance(exc, Unavailable):
+                self.core.watcher.notify_unavailable()
+        elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):  # the caller left (or stopped reading)
+            outcome = "CANCELLED"
+        elif isinstance(exc, Exception):
+            outcome = "INTERNAL"
+        if self.core.metrics is not None:
+            self.core.metrics.triton_latency.labels(outcome).observe(time.perf_counter() - self.start)

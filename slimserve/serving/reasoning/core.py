@@ -10,7 +10,6 @@ closed, which cancels the request in the model). The last event is a ``Generatio
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from slimserve.bundle import TOKENIZER_FILE
 from slimserve.generation_bundle import GenerationBundle, load_generation_bundle
 
 from ..core import ServiceCore, check_template_version
-from ..errors import DeadlineExceeded, InternalError, InvalidArgument, ServingError, Unavailable
+from ..errors import DeadlineExceeded, InternalError, InvalidArgument
 from ..health import ModelHealthWatcher
 from ..triton.client import GenerationRequest
 from .detokenizer import IncrementalDetokenizer
@@ -217,42 +216,29 @@ class ReasoningCore(ServiceCore):
         detokenizer = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringMatcher(options.stop)
         finish = ""
-        outcome = "ok"
         steps = self.client.generate(request, timeout_s=remaining, request_id=request_id)
-        try:
-            async for step in steps:
-                if step.token_ids and clock.tokens_arrived(len(step.token_ids)) and self.metrics:
-                    self.metrics.time_to_first_token.observe(clock.ttft_ms / 1e3)
-                text = detokenizer.push(step.token_ids)
-                if step.finish_reason:
-                    text += detokenizer.flush()
-                piece = stops.push(text)
-                if step.finish_reason and not stops.matched:
-                    piece += stops.flush()
-                if piece:
-                    yield piece
-                if stops.matched:
-                    finish = FINISH_STOP_STRING
-                    break  # closing the stream below cancels the request in the model
-                if step.finish_reason:
-                    finish = step.finish_reason
-            if finish not in (*MODEL_FINISH_REASONS, FINISH_STOP_STRING):
-                raise InternalError(f"the model ended generation with finish reason {finish!r}")
-        except ServingError as exc:
-            outcome = exc.code.name
-            if isinstance(exc, Unavailable):
-                self.watcher.notify_unavailable()
-            raise
-        except (asyncio.CancelledError, GeneratorExit):  # the caller left (or stopped reading)
-            outcome = "CANCELLED"
-            raise
-        except Exception:
-            outcome = "INTERNAL"
-            raise
-        finally:
-            await steps.aclose()
-            if self.metrics is not None:
-                self.metrics.triton_latency.labels(outcome).observe(time.perf_counter() - clock.start)
+        with self.triton_call(clock.start):
+            try:
+                async for step in steps:
+                    if step.token_ids and clock.tokens_arrived(len(step.token_ids)) and self.metrics:
+                        self.metrics.time_to_first_token.observe(clock.ttft_ms / 1e3)
+                    text = detokenizer.push(step.token_ids)
+                    if step.finish_reason:
+                        text += detokenizer.flush()
+                    piece = stops.push(text)
+                    if step.finish_reason and not stops.matched:
+                        piece += stops.flush()
+                    if piece:
+                        yield piece
+                    if stops.matched:
+                        finish = FINISH_STOP_STRING
+                        break  # closing the stream below cancels the request in the model
+                    if step.finish_reason:
+                        finish = step.finish_reason
+                if finish not in (*MODEL_FINISH_REASONS, FINISH_STOP_STRING):
+                    raise InternalError(f"the model ended generation with finish reason {finish!r}")
+            finally:
+                await steps.aclose()
         summary = GenerationSummary(
             finish_reason=finish,
             stop_string=stops.matched,

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from slimserve.v1 import common_pb2, reasoning_pb2, reasoning_pb2_grpc
+from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
 
 from ..convert import item_from_proto, member_from_proto
 from ..interceptor import current_request_id
+from ..servicer import ServiceServicer, response_metadata
 from .core import GenerationSummary, ReasoningCore
 from .validation import GenerationOptions
 
@@ -42,15 +43,8 @@ def metadata_to_proto(
     summary: GenerationSummary, core: ReasoningCore, request_id: str
 ) -> reasoning_pb2.GenerationMetadata:
     """The closing metadata of a stream."""
-    bundle = core.bundle
     return reasoning_pb2.GenerationMetadata(
-        response=common_pb2.ResponseMetadata(
-            request_id=request_id,
-            model_name=bundle.model_name,
-            model_version=str(bundle.model_version),
-            bundle_hash=bundle.content_hash,
-            total_ms=summary.total_ms,
-        ),
+        response=response_metadata(core.bundle, request_id, total_ms=summary.total_ms),
         finish_reason=FINISH_REASON_TO_PROTO.get(
             summary.finish_reason, reasoning_pb2.FINISH_REASON_UNSPECIFIED
         ),
@@ -62,15 +56,10 @@ def metadata_to_proto(
     )
 
 
-class ReasoningServicer(reasoning_pb2_grpc.ReasoningServiceServicer):
+class ReasoningServicer(ServiceServicer, reasoning_pb2_grpc.ReasoningServiceServicer):
     """Converts ReasoningService messages and delegates to a ``ReasoningCore``."""
 
-    def __init__(self, core: ReasoningCore):
-        self.core = core
-
-    def _timeout(self, context) -> float:
-        remaining = context.time_remaining()
-        return self.core.config.default_timeout_s if remaining is None else remaining
+    core: ReasoningCore
 
     async def _chunks(self, events: AsyncIterator, request_id: str) -> AsyncIterator[reasoning_pb2.TextChunk]:
         index = 0

@@ -28,7 +28,7 @@ from slimserve.scoring_tokens import MultiItemRequest, encode_scoring, multi_ite
 from slimserve.tokenization import PromptTokenizer
 
 from ..core import ServiceCore, check_template_version
-from ..errors import DeadlineExceeded, InternalError, ServingError, Unavailable
+from ..errors import DeadlineExceeded, InternalError
 from ..health import ModelHealthWatcher
 from .validation import effective_top_k, validate_score_request
 
@@ -180,25 +180,9 @@ class ScoringCore(ServiceCore):
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _infer(self, chunk: Chunk | MultiItemRequest, timeout_s: float, request_id: str) -> InferResult:
-        start = time.perf_counter()
-        outcome = "ok"
         infer = self.client.infer_multi_item if self.bundle.multi_item else self.client.infer_scores
-        try:
+        with self.triton_call():
             result = await infer(*chunk.arrays(), timeout_s=timeout_s, request_id=request_id)
-        except ServingError as exc:
-            outcome = exc.code.name
-            if isinstance(exc, Unavailable):
-                self.watcher.notify_unavailable()
-            raise
-        except asyncio.CancelledError:
-            outcome = "CANCELLED"
-            raise
-        except Exception:
-            outcome = "INTERNAL"
-            raise
-        finally:
-            if self.metrics is not None:
-                self.metrics.triton_latency.labels(outcome).observe(time.perf_counter() - start)
         if result.scores.shape != (len(chunk.indices),):
             raise InternalError(
                 f"model returned {result.scores.shape} scores for a batch of {len(chunk.indices)}"

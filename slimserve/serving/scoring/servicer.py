@@ -17,6 +17,7 @@ from slimserve.v1 import common_pb2, scoring_pb2, scoring_pb2_grpc
 from ..convert import item_from_proto, member_from_proto
 from ..errors import InvalidArgument, ServingError
 from ..interceptor import check_request_id, current_request_id, request_id_var
+from ..servicer import ServiceServicer
 from .core import ScoringCore
 
 STREAM_WINDOW = 32
@@ -50,25 +51,14 @@ def _prefixed(exc: ServingError, index: int) -> ServingError:
     return type(exc)(f"requests[{index}]: {exc.message}")
 
 
-class ScoringServicer(scoring_pb2_grpc.ScoringServiceServicer):
+class ScoringServicer(ServiceServicer, scoring_pb2_grpc.ScoringServiceServicer):
     """Converts ScoringService messages and delegates to a ``ScoringCore``."""
 
+    core: ScoringCore
+
     def __init__(self, core: ScoringCore, *, stream_window: int = STREAM_WINDOW):
-        self.core = core
+        super().__init__(core)
         self.stream_window = stream_window
-
-    def _timeout(self, context) -> float:
-        remaining = context.time_remaining()
-        return self.core.config.default_timeout_s if remaining is None else remaining
-
-    def _metadata(self, request_id: str) -> common_pb2.ResponseMetadata:
-        bundle = self.core.bundle
-        return common_pb2.ResponseMetadata(
-            request_id=request_id,
-            model_name=bundle.model_name,
-            model_version=str(bundle.model_version),
-            bundle_hash=bundle.content_hash,
-        )
 
     async def _score(
         self, request: scoring_pb2.ScoreRequest, request_id: str, context
