@@ -49,7 +49,7 @@ def test_every_stage_runs_and_the_int8_student_is_published(built):
         assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
     multi = result.rows[-1]
     assert multi.notes["spearman_vs_single_int8"] > 0.9 and multi.notes["auc_gap_vs_single_int8"] < 0.05
-    assert result.rows[1].items_per_s_batch32 > 0  # the teacher's FP32 graph was measured too
+    assert result.rows[1].items_per_s_batch32 > 0 and result.rows[1].file_mb > 0  # stage teacher_speed
     student = result.rows[-3]
     assert 0 < student.non_embedding_parameters < result.rows[1].non_embedding_parameters
     assert result.bayes_optimal_auc is not None and 0.5 < result.bayes_optimal_auc < 1.0
@@ -71,8 +71,17 @@ def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog
     work = recipe.resolved_work_dir()
     (work / "redistill" / "done.json").unlink()  # as if the build died during re-distillation
     (work / "int8" / "done.json").unlink()
+    (work / "teacher_speed" / "done.json").unlink()
+    teacher_measured_at_publish = []  # slimserve up serves the scorer before the teacher is measured
+
+    def on_scorer_published(result):
+        teacher_measured_at_publish.append((work / "teacher_speed" / "done.json").exists())
+
     with caplog.at_level("INFO"):
-        again = run_build(recipe)
+        again = run_build(recipe, on_scorer_published=on_scorer_published)
+    assert teacher_measured_at_publish == [False] and again.rows[1].items_per_s_batch32 > 0
+    report = json.loads((work / "report.json").read_text())  # rewritten with the teacher's speed
+    assert report["stages"][1]["items_per_s_batch32"] > 0
     skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
     assert {"teacher", "distill", "prune"} <= skipped
     assert set(again.seconds) >= {"redistill", "int8"} and "teacher" not in again.seconds
@@ -96,7 +105,7 @@ def test_gate_above_what_was_reached_fails_and_publishes_nothing(built, tmp_path
 async def test_the_published_student_is_served(built):
     from slimserve.client import build_request
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-    from slimserve.serving.server import ScoringServer
+    from slimserve.serving.scoring.server import ScoringServer
     from slimserve.v1 import scoring_pb2_grpc
     from tests.conftest import start_triton
     from tests.test_e2e_scoring import service_config

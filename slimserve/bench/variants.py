@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..buildstage.artifacts import TEACHER_GRAPH, TEACHER_SPEED_STAGE
 from ..bundle import SCORING_SINGLE, TOKENIZER_FILE, load_bundle
 from ..prompts import SCORING_TEMPLATE_VERSION
 
@@ -60,7 +61,7 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
     found = [
         Variant(
             "teacher FP32",
-            work / "int8" / "teacher_fp32" / "model.onnx",
+            work / TEACHER_SPEED_STAGE / TEACHER_GRAPH,
             str(work / "teacher" / "model"),
             "teacher fine-tuned",
         ),

@@ -14,6 +14,10 @@ from ..evaluation.report import StageRow
 
 DONE_FILE = "done.json"
 
+# the fine-tuned teacher's FP32 scoring graph, in its stage's directory (``bench compare`` serves it)
+TEACHER_SPEED_STAGE = "teacher_speed"
+TEACHER_GRAPH = Path("teacher_fp32") / "model.onnx"
+
 
 def config_hash(config: dict) -> str:
     """Stable hash of a stage's resolved settings (what makes its output valid)."""

@@ -52,6 +52,7 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
     "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),
+    "teacher_speed": ("teacher", lambda r: {"buckets": list(r.publish.length_buckets)}),
     "int8": (
         "redistill",
         lambda r: {"quantize": _dump(r.quantize), "buckets": list(r.publish.length_buckets)},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def run_int8(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
 ) -> tuple[list[StageRow], Path]:
     """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). Adds speed
-    to earlier rows. With ``publish.scoring_mode: multi_item`` the chosen method is also applied to the
+    to the FP32 student's row (the teacher's comes from ``run_teacher_speed``). With ``publish.scoring_mode: multi_item`` the chosen method is also applied to the
     multi-item graph, checked against the single-sequence INT8 graph, and that graph is published."""
     from ..compression.quantize import calibration_batches
 
@@ -126,11 +127,7 @@ def run_int8(
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
     student_lm = artifacts.load_causal_lm(student_dir / "model")
     fp32 = export_graph(student_lm, data, recipe, out / "fp32" / "model.onnx")
-    teacher_fp32 = export_graph(
-        artifacts.load_causal_lm(teacher_dir / "model"), data, recipe, out / "teacher_fp32" / "model.onnx"
-    )
     by_stage = {r.stage: r for r in rows}
-    _speed(by_stage["teacher fine-tuned"], teacher_fp32, data, recipe)
     _speed(by_stage["pruned + re-distilled"], fp32, data, recipe)
 
     teacher_auc = by_stage["teacher fine-tuned"].test_auc
@@ -160,6 +157,20 @@ def run_int8(
         return [row], chosen
     multi_row, multi_path = _multi_item_int8(recipe, data, student_lm, method, row, margin, out, teacher_test)
     return [row, multi_row], multi_path
+
+
+def run_teacher_speed(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, teacher_row: StageRow, out: Path
+) -> list[StageRow]:
+    """The fine-tuned teacher's FP32 graph (``artifacts.TEACHER_GRAPH``) and its speed: ``teacher_row`` with
+    speed and file size. Only the stage table and ``bench compare`` need it, so it runs after the scorer
+    is published (``slimserve up`` serves the student meanwhile)."""
+    path = export_graph(
+        artifacts.load_causal_lm(teacher_dir / "model"), data, recipe, out / artifacts.TEACHER_GRAPH
+    )
+    row = copy.deepcopy(teacher_row)
+    _speed(row, path, data, recipe)
+    return [row]
 
 
 def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin, out, teacher_test):

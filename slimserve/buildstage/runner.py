@@ -24,7 +24,7 @@ from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
-STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "publish")
+STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "teacher_speed", "publish")
 
 
 @dataclass
@@ -65,7 +65,7 @@ def run_build(
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
     meanwhile); without it, a failing generator gate publishes nothing."""
     from ..models.teacher import load_teacher
-    from .int8_stage import publish, run_int8
+    from .int8_stage import publish, run_int8, run_teacher_speed
     from .stages import run_distill, run_prune, run_redistill, run_teacher
 
     if recipe.target == "tensorrt":
@@ -133,6 +133,15 @@ def run_build(
     for row in int8_rows:  # the single-sequence INT8 graph and, multi-item, the published one
         _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
+
+    def teacher_speed(rows: list[StageRow]) -> None:
+        """Fill the teacher row's speed and size from the stage ``teacher_speed``."""
+        row = next(r for r in rows if r.stage == "teacher fine-tuned")
+        stage = artifacts.TEACHER_SPEED_STAGE
+        measured = timed(stage, lambda out: run_teacher_speed(recipe, data, teacher_dir, row, out))[0]
+        row.items_per_s_batch32, row.single_item_ms = measured.items_per_s_batch32, measured.single_item_ms
+        row.file_mb = measured.file_mb
+
     return _report_and_publish(
         recipe,
         rows,
@@ -144,6 +153,7 @@ def run_build(
         ),
         generator,
         on_scorer_published,
+        teacher_speed,
     )
 
 
@@ -166,24 +176,31 @@ def _report_and_publish(
     publisher,
     generator=None,
     on_scorer_published=None,
+    teacher_speed=None,
 ) -> BuildResult:
-    """Run the generator stages (when the recipe has them; their gates fail before anything is
-    published), write the report and model card, then publish (``publisher(card)``, then the generator).
+    """Measure the teacher (``teacher_speed(rows)``, when given), run the generator stages (when the
+    recipe has them; their gates fail before anything is published), write the report and model card,
+    then publish (``publisher(card)``, then the generator).
 
-    With ``on_scorer_published``: publish the scorer first, call it, then run the generator stages,
-    rewrite the report and publish the generator. A model published before from the same recipe and
-    still the repository's latest is kept rather than published again when none of its stages ran."""
+    With ``on_scorer_published``: publish the scorer first, call it, then measure the teacher, run the
+    generator stages, rewrite the report and publish the generator. A model published before from the
+    same recipe and still the repository's latest is kept rather than published again when none of its
+    stages ran."""
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data"})
-    if generator is not None and on_scorer_published is None:
-        result.generator_rows = generator_stages.run_generator(generator, seconds)
+    measure_teacher = teacher_speed or (lambda rows: None)
+    if on_scorer_published is None:
+        measure_teacher(rows)
+        if generator is not None:
+            result.generator_rows = generator_stages.run_generator(generator, seconds)
     card = _write_report(recipe, result, command)
     result.published = _publish_once(recipe, "scorer", lambda: publisher(card), scorer_ran)
     if on_scorer_published is not None:
         on_scorer_published(result)
+        measure_teacher(rows)
         if generator is not None:
             result.generator_rows = generator_stages.run_generator(generator, seconds)
-            _write_report(recipe, result, command)
+        _write_report(recipe, result, command)
     if generator is not None:
         generator_ran = bool(set(seconds) & set(generator_stages.active_stages(generator.settings)))
         result.generator_published = _publish_once(
