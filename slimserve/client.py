@@ -35,7 +35,7 @@ def load_score_input(path: Path | None, example_count: int = 10) -> tuple[Member
 
 def build_request(member: Member, candidates: list[Item], top_k: int = 0, request_id: str = ""):
     """A ``ScoreRequest`` protobuf for plain inputs (``top_k`` 0: all candidates)."""
-    from .serving.convert import item_to_proto, member_to_proto
+    from .client_convert import item_to_proto, member_to_proto
     from .v1 import scoring_pb2
 
     return scoring_pb2.ScoreRequest(

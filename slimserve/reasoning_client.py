@@ -72,7 +72,7 @@ def build_options(
 
 def explain_request(member: Member, item: Item, options=None, request_id: str = ""):
     """An ``ExplainRequest`` protobuf for plain inputs."""
-    from .serving.convert import item_to_proto, member_to_proto
+    from .client_convert import item_to_proto, member_to_proto
     from .v1 import reasoning_pb2
 
     return reasoning_pb2.ExplainRequest(

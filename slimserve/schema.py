@@ -1,7 +1,8 @@
 """Plain data types shared by the build and the services: members, items, seniority levels.
 
 These mirror the ``Member`` and ``Item`` messages of ``protos/slimserve/v1/common.proto`` and the JSONL
-dataset schema of the build stage; only the scoring servicer converts between them and protobuf.
+dataset schema of the build stage; protobuf is converted to them by the servicers (``serving.convert``) and
+from them by the clients (``client_convert``).
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,52 @@ def test_export_never_imports_serving():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+CLIENT_MODULES = ("client", "reasoning_client", "client_convert")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` (a module of the slimserve package) imports, at the top or in a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "slimserve" if node.level == 1 else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("module", CLIENT_MODULES)
+def test_cli_clients_never_import_serving(module):
+    """The clients build requests with ``slimserve.client_convert``; ``slimserve.serving`` is the server's."""
+    bad = sorted(
+        n for n in imported_modules(ROOT / "slimserve" / f"{module}.py") if n.startswith("slimserve.serving")
+    )
+    assert not bad, bad
+
+
+def modules_loaded_by(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running ``code``."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_client_requests_are_built_without_serving():
+    loaded = modules_loaded_by(
+        "import slimserve.client as c, slimserve.reasoning_client as r\n"
+        "from slimserve.examples import EXAMPLE_MEMBER, example_candidates\n"
+        "items = example_candidates(2)\n"
+        "c.build_request(EXAMPLE_MEMBER, items, top_k=1)\n"
+        "r.explain_request(EXAMPLE_MEMBER, items[0], r.build_options(stop=['x']))\n"
+        "r.generate_request('hi')"
+    )
+    assert "slimserve.client_convert" in loaded
+    assert not [m for m in loaded if m.startswith("slimserve.serving")]
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "build" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)

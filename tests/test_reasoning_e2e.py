@@ -24,11 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
 from slimserve.bundle import TOKENIZER_FILE
+from slimserve.client_convert import item_to_proto, member_to_proto
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.generation_bundle import generation_bundle_dir
 from slimserve.prompts import render_explain_request
 from slimserve.reasoning_client import build_options, explain_request, generate_request
-from slimserve.serving.convert import item_to_proto, member_to_proto
 from slimserve.serving.reasoning.config import ReasoningServiceConfig
 from slimserve.serving.reasoning.server import ReasoningServer
 from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient

@@ -27,7 +27,7 @@ from slimserve.bundle import (
     sha256_file,
     write_bundle,
 )
-from slimserve.serving.convert import item_to_proto, member_to_proto
+from slimserve.client_convert import item_to_proto, member_to_proto
 from slimserve.serving.errors import Unavailable
 from slimserve.serving.scoring.config import ScoringServiceConfig
 from slimserve.serving.scoring.core import SERVICE_NAME, ScoringCore, rank

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slimserve import schema
-from slimserve.serving.convert import item_from_proto, item_to_proto, member_from_proto, member_to_proto
+from slimserve.client_convert import item_to_proto, member_to_proto
+from slimserve.serving.convert import item_from_proto, member_from_proto
 from slimserve.serving.errors import InvalidArgument
 from slimserve.serving.scoring.servicer import request_from_proto, response_to_proto
 from slimserve.v1 import common_pb2, scoring_pb2

@@ -245,7 +245,7 @@ def score_requests(calls) -> list:
 
 def explain_requests(calls, max_tokens: int) -> list:
     """``ExplainRequest`` protobufs, one per workload call (its member and first item), greedy decoding."""
-    from ..serving.convert import item_to_proto, member_to_proto
+    from ..client_convert import item_to_proto, member_to_proto
     from ..v1 import reasoning_pb2
 
     options = reasoning_pb2.GenerationOptions(max_tokens=max_tokens)
