@@ -90,14 +90,24 @@ def multi_item_requests(
     tokens: ScoringTokens, item_buckets: Sequence[int], max_items: int, pad_token_id: int = 0
 ) -> list[MultiItemRequest]:
     """The model requests of one Score call: the prefix once, the items in runs of ``max_items``, each
-    run padded to the length bucket of its longest item."""
+    run padded to the length bucket of its longest item.
+
+    A run of one item is folded: all its tokens but the last join the prefix and the graph reads one
+    item token. That is the same causal attention as the single sequence ``prefix + item``, unpadded,
+    so a one-candidate call costs no more than the single-sequence graph (the graph's prefix must hold
+    ``prefix_max_tokens + item_max_tokens - 1`` tokens; the layout check keeps that under the largest
+    length bucket)."""
     if not tokens.prefix:
         raise ValueError("multi-item scoring needs a member prefix (a split prompt template)")
     requests = []
     for begin in range(0, len(tokens.items), max_items):
         part = tuple(range(begin, min(begin + max_items, len(tokens.items))))
         items = [tokens.items[i] for i in part]
-        length = bucket_for(max(map(len, items)), item_buckets)
-        arrays = pad_multi_item([tokens.prefix], [items], item_length=length, pad_token_id=pad_token_id)
+        prefix = tokens.prefix
+        if len(items) == 1 and items[0]:
+            prefix, items, length = prefix + items[0][:-1], [items[0][-1:]], 1
+        else:
+            length = bucket_for(max(map(len, items)), item_buckets)
+        arrays = pad_multi_item([prefix], [items], item_length=length, pad_token_id=pad_token_id)
         requests.append(MultiItemRequest(part, *arrays))
     return requests

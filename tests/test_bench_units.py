@@ -295,7 +295,8 @@ def test_multi_item_input_data_keeps_each_request_shape():
     short = multi_item_requests(ScoringTokens([1, 2, 3], [[4], [5, 6]]), (2, 4), 8)
     long = multi_item_requests(ScoringTokens([1, 2], [[7, 8, 9]]), (2, 4), 8)
     data = multi_item_input_data_json(short + long)["data"]
-    assert [e["item_ids"]["shape"] for e in data] == [[2, 2], [1, 4]]
+    assert [e["item_ids"]["shape"] for e in data] == [[2, 2], [1, 1]]  # one candidate: folded
+    assert data[1]["prefix_ids"] == {"content": [1, 2, 7, 8], "shape": [4]}
     assert data[0]["prefix_ids"] == {"content": [1, 2, 3], "shape": [3]}
     assert data[0]["item_mask"]["content"] == [1, 0, 1, 1]
     with pytest.raises(ValueError, match="input_ids"):

@@ -91,6 +91,21 @@ def test_a_single_candidate(tokenizer, graphs):
     )
 
 
+def test_a_single_candidate_is_sent_folded(tokenizer, graphs):
+    """One candidate: all its tokens but the last join the prefix, one item token, nothing padded."""
+    graph, scorer = graphs
+    tokens = encode_scoring(tokenizer, EXAMPLE_MEMBER, example_candidates(1), SPLIT)
+    (request,) = multi_item_requests(tokens, (32, 64, 128), max_items=4)
+    assert request.prefix_ids[0].tolist() == tokens.sequences()[0][:-1] and request.item_ids.shape == (1, 1, 1)
+    with torch.no_grad():
+        score = scorer(*(torch.from_numpy(a) for a in request.arrays())).numpy()[0]
+    np.testing.assert_allclose(score, single_scores(graph, tokens.sequences()), atol=1e-5)
+    five = encode_scoring(tokenizer, EXAMPLE_MEMBER, example_candidates(5), SPLIT)
+    runs = multi_item_requests(five, (32, 64, 128), max_items=4)  # the last run of one is folded too
+    assert [r.item_ids.shape for r in runs] == [runs[0].item_ids.shape, (1, 1, 1)]
+    assert runs[0].item_ids.shape[1:] != (1, 1) and runs[1].prefix_ids.shape[1] > len(five.prefix)
+
+
 def test_members_of_different_prefix_lengths_in_one_batch(tokenizer, graphs):
     graph, scorer = graphs
     other = dataclasses.replace(EXAMPLE_MEMBER, id="m2", skills=("SQL",), history=())

@@ -148,7 +148,9 @@ def multi_item_profiles(
     opt_items: int | None = None,
     max_members: int = 1,
 ) -> tuple[MultiItemProfile, ...]:
-    """One profile per item-length bucket (the service pads a call's items to one bucket)."""
+    """One profile per item-length bucket (the service pads a call's items to one bucket). A
+    one-candidate call is sent folded (``scoring_tokens.multi_item_requests``): ``prefix_max`` must hold
+    ``prefix_max_tokens + item_max_tokens - 1`` tokens, its item is one token long."""
     if not item_buckets or any(int(b) < 1 for b in item_buckets):
         raise ValueError(f"item_length_buckets must be positive lengths, got {list(item_buckets)}")
     if prefix_max < 1 or max_items < 1 or max_members < 1:
