@@ -1,7 +1,7 @@
 """The generator's serving bundle: ``<repo>/generator/<version>/bundle/{generation.json,tokenizer.json}``.
 
 Written at publish (``slimserve.export.generator_repository``), read by the Triton model ``generator``
-(eos ids and limits) and by the ReasoningService (template version, limits, tokenizer). Its
+(eos ids and limits) and by the ReasoningService (prompt template version, limits, tokenizer). Its
 ``content_hash`` covers these fields and the model's weight files, and is stamped into the Triton config
 as ``slimserve_bundle_hash`` like the scorer's bundle.
 """
@@ -15,6 +15,8 @@ from .bundle import BUNDLE_DIR, BundleError, check_bundle_files, read_manifest, 
 
 GENERATION_FILE = "generation.json"
 GENERATION_SCHEMA_VERSION = 1
+# Fields of bundles published under an older name (old name -> name now), read under the new one.
+RENAMED_FIELDS = {"template_version": "prompt_template_version"}
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class GenerationBundle:
 
     model_name: str
     model_version: int
-    template_version: str
+    prompt_template_version: str
     eos_token_ids: tuple[int, ...]
     max_context: int
     max_new_tokens_limit: int
@@ -51,6 +53,9 @@ def load_generation_bundle(directory: Path) -> GenerationBundle:
     directory = Path(directory)
     path = directory / GENERATION_FILE
     data = read_manifest(path, GENERATION_SCHEMA_VERSION, "generator bundle")
+    for old, new in RENAMED_FIELDS.items():
+        if old in data and new not in data:
+            data[new] = data.pop(old)
     unknown = sorted(set(data) - {f.name for f in fields(GenerationBundle)})
     if unknown:
         raise BundleError(f"{path}: unknown fields {unknown}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -171,11 +172,23 @@ def test_published_repository_is_complete_and_consistent(published):
     optional = {t.name for t in config.input if t.optional}
     assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty"}
     bundle = load_generation_bundle(version_dir / "bundle")
-    assert bundle.template_version == "explain-v1" and set(bundle.eos_token_ids) >= {0, 2}
+    assert bundle.prompt_template_version == "explain-v1" and set(bundle.eos_token_ids) >= {0, 2}
     assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash
     report = json.loads((version_dir / REPORT_FILE).read_text())
     assert report["parity_fp32"]["identical"] is True
     assert (version_dir / "model.py").read_text().startswith('"""Triton python-backend model ``generator``')
+
+
+def test_a_bundle_published_under_the_old_field_name_still_loads(published, tmp_path):
+    """Bundles published before the rename name the template ``template_version``; they still load."""
+    _, version_dir = published
+    bundle_dir = shutil.copytree(version_dir / "bundle", tmp_path / "bundle")
+    manifest = json.loads((bundle_dir / "generation.json").read_text())
+    manifest["template_version"] = manifest.pop("prompt_template_version")
+    (bundle_dir / "generation.json").write_text(json.dumps(manifest))
+    old = load_generation_bundle(bundle_dir)
+    assert old == load_generation_bundle(version_dir / "bundle")
+    assert old.prompt_template_version == "explain-v1"
 
 
 def test_engine_with_staggered_joins_matches_pytorch(published, tiny):

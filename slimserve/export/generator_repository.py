@@ -139,7 +139,7 @@ def _model_card(bundle: GenerationBundle, report: dict) -> str:
         "",
         f"- source model: {bundle.source_model or 'unknown'}",
         f"- graph: ONNX decoder with KV cache (onnxruntime-genai model builder), precision {bundle.precision}",
-        f"- prompt template: {bundle.template_version}; eos ids {list(bundle.eos_token_ids)}",
+        f"- prompt template: {bundle.prompt_template_version}; eos ids {list(bundle.eos_token_ids)}",
         f"- max context {bundle.max_context}, max new tokens {bundle.max_new_tokens_limit}",
         f"- FP32 greedy parity with PyTorch: {report['parity_fp32']}",
     ]
@@ -226,7 +226,7 @@ def publish_generator(
         bundle = GenerationBundle(
             model_name=name,
             model_version=0,  # set at publish
-            template_version=EXPLAIN_TEMPLATE_VERSION,
+            prompt_template_version=EXPLAIN_TEMPLATE_VERSION,
             eos_token_ids=tuple(eos_token_ids)
             if eos_token_ids is not None
             else default_eos_token_ids(model, tokenizer_file),

@@ -120,7 +120,7 @@ class ReasoningCore(ServiceCore):
 
         directory = config.resolved_bundle_dir()
         bundle = load_generation_bundle(directory)
-        check_template_version(directory, bundle.template_version, prompts.EXPLAIN_TEMPLATE_VERSION)
+        check_template_version(directory, bundle.prompt_template_version, prompts.EXPLAIN_TEMPLATE_VERSION)
         tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         tokenizer.no_padding()
         tokenizer.no_truncation()
