@@ -177,6 +177,7 @@ def published_generator(options: UpOptions) -> Path | None:
 
 def _export_teacher_generator(options: UpOptions) -> Path:
     """Publish the teacher itself (full precision) as the generator, so that ``up`` explains without a build."""
+    from .export.generator_config import GeneratorExportConfig
     from .export.generator_repository import publish_generator
     from .generation_bundle import generation_bundle_dir
     from .models.teacher import load_teacher
@@ -188,14 +189,13 @@ def _export_teacher_generator(options: UpOptions) -> Path:
         options.teacher,
     )
     loaded = load_teacher(options.teacher)
-    publish_generator(
-        loaded.model,
-        loaded.tokenizer_file,
-        options.model_repository,
+    config = GeneratorExportConfig(
+        model_repository=options.model_repository,
+        model_name=options.generator_name,
         quantize=None,
-        name=options.generator_name,
         source_model=loaded.name,
     )
+    publish_generator(loaded.model, loaded.tokenizer_file, config)
     return generation_bundle_dir(options.model_repository, options.generator_name)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from slimserve.bundle import BUNDLE_HASH_PARAMETER
+from slimserve.export.generator_config import GeneratorExportConfig
 from slimserve.export.generator_parity import (
     compare_greedy,
     encode_prompts,
@@ -191,6 +192,18 @@ def test_a_bundle_published_under_the_old_field_name_still_loads(published, tmp_
     assert old.prompt_template_version == "explain-v1"
 
 
+def test_export_config_describes_every_field_and_holds_the_recipe_publish_section():
+    """Every field has a description; the recipe's ``generator.publish`` fields are config fields."""
+    from slimserve.buildstage.generator_recipe import GeneratorPublishSettings
+
+    assert all(info.description for info in GeneratorExportConfig.model_fields.values())
+    recipe = GeneratorPublishSettings(quantize="none", max_queued_requests=3)
+    config = GeneratorExportConfig(**recipe.model_dump(exclude={"quantize"}), quantize=None)
+    assert config.max_queued_requests == 3 and config.parity_prompts == recipe.parity_prompts
+    with pytest.raises(ValueError, match="unknown_key"):
+        GeneratorExportConfig(unknown_key=1)
+
+
 def test_engine_with_staggered_joins_matches_pytorch(published, tiny):
     """Sequences joining a running batch at different steps decode exactly as they do alone."""
     _, version_dir = published
@@ -238,10 +251,9 @@ def test_parity_failure_publishes_nothing(tmp_path, tiny):
             publish_generator(
                 tiny.model,
                 tiny.tokenizer_file,
-                tmp_path / "repo",
-                quantize=None,
-                prompts=explanation_prompts(1),
-                parity_tokens=4,
+                GeneratorExportConfig(
+                    model_repository=tmp_path / "repo", quantize=None, parity_prompts=1, parity_tokens=4
+                ),
             )
     finally:
         hook.remove()
@@ -258,14 +270,10 @@ def test_onnx_greedy_matches_pytorch_for_prompts_of_different_lengths(published,
 def test_packaged_teacher_exports_with_parity_and_int8(tmp_path):
     """SmolLM2-135M: FP32 greedy parity on explanation prompts, then the INT8 graph published."""
     teacher = load_teacher("default")
-    version_dir = publish_generator(
-        teacher.model,
-        teacher.tokenizer_file,
-        tmp_path / "repo",
-        quantize="int8",
-        source_model=teacher.name,
-        parity_tokens=16,
+    config = GeneratorExportConfig(
+        model_repository=tmp_path / "repo", quantize="int8", source_model=teacher.name, parity_tokens=16
     )
+    version_dir = publish_generator(teacher.model, teacher.tokenizer_file, config)
     report = json.loads((version_dir / REPORT_FILE).read_text())
     assert report["parity_fp32"]["identical"] is True
     assert 0.0 <= report["agreement_quantized"]["token_agreement"] <= 1.0

@@ -48,7 +48,7 @@ def generator_triton(tmp_path_factory):
         max_active_sequences=MAX_ACTIVE,
         max_queued_requests=MAX_QUEUED,
     )
-    build_tiny_generator_repository(repository, name=CHUNKED, stream_interval=STREAM_INTERVAL)
+    build_tiny_generator_repository(repository, model_name=CHUNKED, stream_interval=STREAM_INTERVAL)
     config = TritonServerConfig(
         model_repository=repository,
         model_control_mode="explicit",

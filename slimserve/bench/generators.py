@@ -122,19 +122,19 @@ def serving_settings(repository: Path, name: str = "generator") -> dict[str, int
 
 def export_teacher(source: str, precision: str, into: Path, settings: dict[str, int] | None = None) -> Path:
     """Publish the teacher ``source`` as ``generator`` at ``precision`` into the repository ``into``, with
-    the serving ``settings`` (keyword arguments of ``publish_generator``)."""
+    the serving ``settings`` (fields of ``GeneratorExportConfig``)."""
+    from ..export.generator_config import GeneratorExportConfig
     from ..export.generator_repository import publish_generator
     from ..models.teacher import load_teacher
 
     loaded = load_teacher(source)
-    publish_generator(
-        loaded.model,
-        loaded.tokenizer_file,
-        into,
+    config = GeneratorExportConfig(
+        model_repository=into,
         quantize=None if precision == "fp32" else precision,
         source_model=loaded.name,
         **(settings or {}),
     )
+    publish_generator(loaded.model, loaded.tokenizer_file, config)
     return into
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..compression.trainer import TrainConfig
+from ..export.generator_config import GeneratorPublishOptions
 
 
 class _Strict(BaseModel):
@@ -137,23 +138,13 @@ class GeneratorGates(_Strict):
     )
 
 
-class GeneratorPublishSettings(_Strict):
+class GeneratorPublishSettings(GeneratorPublishOptions, _Strict):
     """How the final student is exported and published as the Triton model ``generator``."""
 
     quantize: Literal["int8", "int4", "none"] = Field(
         "int8", description="Weight-only quantization of the served graph (none: FP32)"
     )
-    parity_prompts: int = Field(8, ge=1, description="Prompts of the FP32 greedy parity check")
-    parity_tokens: int = Field(24, ge=1, description="Greedy tokens compared per parity prompt")
-    max_new_tokens_limit: int = Field(512, ge=1, description="Largest max_tokens a request may ask for")
-    max_active_sequences: int = Field(8, ge=1, description="Slots of the running batch")
     max_queued_requests: int = Field(64, ge=1, description="Bounded queue (beyond: 'queue full')")
-    stream_interval: int = Field(
-        1, ge=1, description="Tokens per streamed response after the first (fewer messages per token)"
-    )
-    device: Literal["cpu", "gpu"] = Field(
-        "cpu", description="Where Triton runs the generator (gpu: KIND_GPU, ONNX Runtime's CUDA provider)"
-    )
 
 
 class GeneratorSettings(_Strict):

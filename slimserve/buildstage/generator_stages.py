@@ -464,24 +464,19 @@ def final_model_dir(recipe: Recipe) -> Path:
 def publish(ctx: GeneratorContext) -> Path:
     """Export the final student (FP32 greedy parity gate, optional weight-only quantization) and publish
     it as a new version of the Triton model ``generator``; returns the version directory."""
-    from ..export.generator_parity import explanation_prompts
+    from ..export.generator_config import GeneratorExportConfig
     from ..export.generator_repository import publish_generator
 
     settings = ctx.settings.publish
-    return publish_generator(
-        artifacts.load_causal_lm(final_model_dir(ctx.recipe)),
-        ctx.tokenizer_file,
-        ctx.recipe.publish.model_repository,
+    config = GeneratorExportConfig(
+        **settings.model_dump(exclude={"quantize"}),
         quantize=None if settings.quantize == "none" else settings.quantize,
+        model_repository=ctx.recipe.publish.model_repository,
         source_model=f"{ctx.source} (generator student)",
-        prompts=explanation_prompts(settings.parity_prompts),
-        parity_tokens=settings.parity_tokens,
-        max_new_tokens_limit=settings.max_new_tokens_limit,
         eos_token_ids=ctx.end_ids,
-        max_active_sequences=settings.max_active_sequences,
-        max_queued_requests=settings.max_queued_requests,
-        stream_interval=settings.stream_interval,
-        device=settings.device,
+    )
+    return publish_generator(
+        artifacts.load_causal_lm(final_model_dir(ctx.recipe)), ctx.tokenizer_file, config
     )
 
 

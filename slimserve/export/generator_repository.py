@@ -14,7 +14,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..bundle import sha256_file
@@ -22,7 +22,8 @@ from ..cache import cache_dir
 from ..generation_bundle import GenerationBundle
 from ..prompts import END_OF_TURN, EXPLAIN_TEMPLATE_VERSION
 from ..triton_models.generator import GENAI_CONFIG_FILE
-from .generator_export import PRECISIONS, DecoderGraph, build_decoder_onnx, save_hf_model
+from .generator_config import GENERATOR_MODEL, GeneratorExportConfig
+from .generator_export import DecoderGraph, build_decoder_onnx, save_hf_model
 from .generator_parity import (
     GreedyParity,
     compare_greedy,
@@ -38,7 +39,6 @@ from .triton_config import InstanceGroupSpec, TensorSpec, TritonModelSpec
 
 log = logging.getLogger(__name__)
 
-GENERATOR_MODEL = "generator"
 MODEL_PY = "model.py"
 REPORT_FILE = "export_report.json"
 END_OF_TEXT = "<|endoftext|>"
@@ -157,78 +157,70 @@ def _checked(graph: DecoderGraph, sequences, reference, threads: int) -> GreedyP
     return parity
 
 
-def publish_generator(
-    model,
-    tokenizer_file: Path,
-    repository: Path,
-    version: int | None = None,
-    quantize: str | None = "int8",
-    *,
-    quantize_options: Mapping[str, str] | None = None,
-    name: str = GENERATOR_MODEL,
-    source_model: str = "",
-    prompts: Sequence[str] | None = None,
-    parity_tokens: int = 24,
-    max_context: int | None = None,
-    max_new_tokens_limit: int = 512,
-    eos_token_ids: Sequence[int] | None = None,
-    max_active_sequences: int = 8,
-    max_queued_requests: int = 64,
-    stream_interval: int = 1,
-    intra_op_threads: int = 0,
-    device: str = "cpu",
-) -> Path:
-    """Export ``model`` (a HF Llama causal LM) as a new version of the ``generator`` model; return its path.
-
-    Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on ``prompts``
-    (default: 8 explanation prompts) for ``parity_tokens`` new tokens; nothing is published then.
-    ``quantize`` ``"int8"``/``"int4"`` publishes a weight-only quantized graph (its agreement with PyTorch
-    is reported, not gated); None publishes the FP32 graph. ``quantize_options`` go to the model builder
-    (e.g. ``{"accuracy_level": "1"}``; default: block 32, symmetric, accuracy level 4 = INT8 compute).
-    """
-    if quantize is not None and quantize not in PRECISIONS[1:]:
-        raise ExportError(f"quantize must be None or one of {list(PRECISIONS[1:])}, got {quantize!r}")
-    if parity_tokens < 1:
-        raise ExportError(f"parity_tokens must be >= 1, got {parity_tokens}")
+def _context_limits(model, config: GeneratorExportConfig) -> tuple[int, int]:
+    """``max_context`` (unset: the model's positions, at most 2048) and the ``max_new_tokens`` limit in it."""
     positions = int(getattr(model.config, "max_position_embeddings", DEFAULT_MAX_CONTEXT))
-    max_context = min(positions, DEFAULT_MAX_CONTEXT) if max_context is None else max_context
+    max_context = min(positions, DEFAULT_MAX_CONTEXT) if config.max_context is None else config.max_context
     if not 2 <= max_context <= positions:
         raise ExportError(
             f"max_context must be in [2, {positions}] (the model's positions), got {max_context}"
         )
-    max_new_tokens_limit = min(max_new_tokens_limit, max_context - 1)
-    sequences = encode_prompts(tokenizer_file, prompts if prompts is not None else explanation_prompts(8))
-    too_long = [len(s) for s in sequences if len(s) + parity_tokens > max_context]
+    return max_context, min(config.max_new_tokens_limit, max_context - 1)
+
+
+def _export_checked(
+    model, tokenizer_file: Path, sequences, config: GeneratorExportConfig, tmp: Path
+) -> tuple[DecoderGraph, dict]:
+    """The graph to serve and the export report: the FP32 graph's greedy parity with PyTorch (the gate),
+    then the quantized graph's agreement (reported)."""
+    threads, quantize = config.intra_op_threads, config.quantize
+    report: dict = {"parity_prompts": len(sequences), "parity_tokens": config.parity_tokens, "seconds": {}}
+    started = time.perf_counter()
+    hf_dir = save_hf_model(model, tmp / "hf", tokenizer_file)
+    reference = torch_greedy(model.eval(), sequences, config.parity_tokens)
+    report["seconds"]["torch_reference"] = time.perf_counter() - started
+    graph = build_decoder_onnx(hf_dir, tmp / "fp32", "fp32")
+    report["seconds"]["build_fp32"] = graph.seconds
+    parity = _checked(graph, sequences, reference, threads)
+    report["parity_fp32"] = parity.as_dict()
+    if not parity.identical:
+        raise ExportError(
+            f"generator parity failed: FP32 ONNX greedy tokens differ from PyTorch on "
+            f"{parity.prompts - parity.identical_sequences} of {parity.prompts} prompts "
+            f"(token agreement {parity.token_agreement:.3f}); nothing published"
+        )
+    if quantize is not None:
+        graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize, config.quantize_options)
+        report["seconds"][f"build_{quantize}"] = graph.seconds
+        report["agreement_quantized"] = _checked(graph, sequences, reference, threads).as_dict()
+    report["onnx_bytes"] = graph.size_bytes
+    return graph, report
+
+
+def publish_generator(model, tokenizer_file: Path, config: GeneratorExportConfig) -> Path:
+    """Export ``model`` (a HF Llama causal LM) as a new version of ``config.model_name`` in
+    ``config.model_repository``; return the version's path.
+
+    Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on
+    ``config.parity_prompts`` explanation prompts for ``config.parity_tokens`` new tokens; nothing is
+    published then. ``config.quantize`` ``"int8"``/``"int4"`` publishes a weight-only quantized graph (its
+    agreement with PyTorch is reported, not gated); None publishes the FP32 graph.
+    """
+    max_context, max_new_tokens_limit = _context_limits(model, config)
+    sequences = encode_prompts(tokenizer_file, explanation_prompts(config.parity_prompts))
+    too_long = [len(s) for s in sequences if len(s) + config.parity_tokens > max_context]
     if too_long:
         raise ExportError(f"parity prompts of {too_long} tokens do not fit max_context {max_context}")
-    report: dict = {"parity_prompts": len(sequences), "parity_tokens": parity_tokens, "seconds": {}}
+    name, source_model = config.model_name, config.source_model
     with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-") as tmp:
         tmp = Path(tmp)
-        started = time.perf_counter()
-        hf_dir = save_hf_model(model, tmp / "hf", tokenizer_file)
-        reference = torch_greedy(model.eval(), sequences, parity_tokens)
-        report["seconds"]["torch_reference"] = time.perf_counter() - started
-        graph = build_decoder_onnx(hf_dir, tmp / "fp32", "fp32")
-        report["seconds"]["build_fp32"] = graph.seconds
-        parity = _checked(graph, sequences, reference, intra_op_threads)
-        report["parity_fp32"] = parity.as_dict()
-        if not parity.identical:
-            raise ExportError(
-                f"generator parity failed: FP32 ONNX greedy tokens differ from PyTorch on "
-                f"{parity.prompts - parity.identical_sequences} of {parity.prompts} prompts "
-                f"(token agreement {parity.token_agreement:.3f}); nothing published"
-            )
-        if quantize is not None:
-            graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize, quantize_options)
-            report["seconds"][f"build_{quantize}"] = graph.seconds
-            report["agreement_quantized"] = _checked(graph, sequences, reference, intra_op_threads).as_dict()
-        report["onnx_bytes"] = graph.size_bytes
+        graph, report = _export_checked(model, tokenizer_file, sequences, config, tmp)
         bundle = GenerationBundle(
             model_name=name,
             model_version=0,  # set at publish
             prompt_template_version=EXPLAIN_TEMPLATE_VERSION,
-            eos_token_ids=tuple(eos_token_ids)
-            if eos_token_ids is not None
+            eos_token_ids=config.eos_token_ids
+            if config.eos_token_ids is not None
             else default_eos_token_ids(model, tokenizer_file),
             max_context=max_context,
             max_new_tokens_limit=max_new_tokens_limit,
@@ -240,23 +232,23 @@ def publish_generator(
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         spec = generator_triton_spec(
             name,
-            max_active_sequences=max_active_sequences,
-            max_queued_requests=max_queued_requests,
-            stream_interval=stream_interval,
-            intra_op_threads=intra_op_threads,
+            max_active_sequences=config.max_active_sequences,
+            max_queued_requests=config.max_queued_requests,
+            stream_interval=config.stream_interval,
+            intra_op_threads=config.intra_op_threads,
             parameters={"source_model": source_model} if source_model else None,
-            device=device,
+            device=config.device,
         )
         files = {**generator_model_files(graph), REPORT_FILE: tmp / REPORT_FILE}
         weights = tuple(name for name in files if name not in (MODEL_PY, REPORT_FILE))
         published = publish_version(
-            repository,
+            config.model_repository,
             spec,
             files=files,
             bundle=bundle,
             tokenizer_file=tokenizer_file,
             model_card=_model_card(bundle, report),
-            version=version,
+            version=config.version,
             weight_files=weights,
             link_files=False,  # model.py comes from the source tree
         )
@@ -264,41 +256,29 @@ def publish_generator(
     return published.path
 
 
-def build_tiny_generator_repository(
-    repository: Path,
-    *,
-    seed: int = 0,
-    quantize: str | None = None,
-    max_context: int = 1024,
-    max_new_tokens_limit: int = 512,
-    max_active_sequences: int = 4,
-    max_queued_requests: int = 8,
-    intra_op_threads: int = 1,
-    parity_prompts: int = 3,
-    name: str = GENERATOR_MODEL,
-    stream_interval: int = 1,
-) -> Path:
+# The tiny model's export: small limits, few parity prompts and tokens (seconds on 2 cores).
+TINY_EXPORT = {
+    "quantize": None,
+    "parity_prompts": 3,
+    "parity_tokens": 8,
+    "max_context": 1024,
+    "max_active_sequences": 4,
+    "max_queued_requests": 8,
+    "intra_op_threads": 1,
+}
+
+
+def build_tiny_generator_repository(repository: Path, *, seed: int = 0, **settings) -> Path:
     """A repository with a tiny random Llama as ``generator`` (fast: seconds); returns the version path.
 
-    The real export path (builder, parity, publish) on ``load_teacher("tiny", seed)``; the prompts are
-    explanation prompts, so the SmolLM2 tokenizer's eos ids (``<|im_end|>`` 2, ``<|endoftext|>`` 0) apply.
+    The real export path (builder, parity, publish) on ``load_teacher("tiny", seed)``; ``settings`` are
+    ``GeneratorExportConfig`` fields over ``TINY_EXPORT``. The prompts are explanation prompts, so the
+    SmolLM2 tokenizer's eos ids (``<|im_end|>`` 2, ``<|endoftext|>`` 0) apply.
     """
     from ..models.teacher import load_teacher
 
     loaded = load_teacher("tiny", seed=seed)
-    return publish_generator(
-        loaded.model,
-        loaded.tokenizer_file,
-        repository,
-        quantize=quantize,
-        source_model=loaded.name,
-        prompts=explanation_prompts(parity_prompts),
-        parity_tokens=8,
-        max_context=max_context,
-        max_new_tokens_limit=max_new_tokens_limit,
-        max_active_sequences=max_active_sequences,
-        max_queued_requests=max_queued_requests,
-        intra_op_threads=intra_op_threads,
-        name=name,
-        stream_interval=stream_interval,
+    config = GeneratorExportConfig(
+        **{**TINY_EXPORT, "source_model": loaded.name, **settings, "model_repository": repository}
     )
+    return publish_generator(loaded.model, loaded.tokenizer_file, config)
