@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import UserError, classify_failure
+from .signals import exit_on_sigterm
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_STAGE_FAILED = 0, 1, 2
 
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``slimserve`` script."""
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    exit_on_sigterm()
     return run_handler(args)
 
 

@@ -1,4 +1,5 @@
-"""Waiting for Ctrl-C or SIGTERM in the foreground commands, without tracebacks."""
+"""Waiting for Ctrl-C or SIGTERM in the foreground commands, without tracebacks; SIGTERM as an exit
+that runs cleanups everywhere else."""
 
 from __future__ import annotations
 
@@ -25,3 +26,18 @@ def wait_for_stop_signal(alive: Callable[[], bool] = lambda: True, poll_s: float
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit`` (code 143) in the main thread, so ``finally`` blocks and
+    ``atexit`` hooks run (a Triton a command started is stopped, never left running). Commands that
+    wait for signals themselves replace this handler while they wait."""
+
+    def _exit(_signum, _frame):
+        raise SystemExit(SIGTERM_EXIT_CODE)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit)

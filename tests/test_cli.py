@@ -235,3 +235,29 @@ def test_up_without_a_build_exports_the_teacher_as_scorer_and_generator(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Sample request" in result.stdout and "Sample explanation" in result.stdout
     assert (repository / "scorer" / "1").is_dir() and (repository / "generator" / "1").is_dir()
+
+
+def test_sigterm_stops_the_triton_a_command_started(tiny_repository):
+    """SIGTERM to a command that started Triton (a bench, a build) exits 143 and stops that Triton:
+    no orphan server keeps the cores busy (``signals.exit_on_sigterm``, installed by ``main``)."""
+    script = (
+        "import sys, time\n"
+        "from slimserve.signals import exit_on_sigterm\n"
+        "from tests.conftest import start_triton\n"
+        "exit_on_sigterm()\n"
+        f"server = start_triton({str(tiny_repository)!r})\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        triton_pid = int(process.stdout.readline())
+        assert psutil.pid_exists(triton_pid)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(triton_pid) and psutil.Process(triton_pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "Triton outlived the command that started it"
+        time.sleep(0.1)
