@@ -29,7 +29,7 @@ from pathlib import Path
 import grpc
 
 from .bundle import BundleError, bundle_dir_for, load_bundle
-from .errors import StageError, UserError
+from .errors import BuildError, StageError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,16 @@ async def _build_and_serve(options: UpOptions, recipe, state: dict) -> int:
                 )
             if not await _first(stop, build.done):
                 raise _Interrupted
-            result = build.done.result()
+            try:
+                result = build.done.result()
+            except BuildError as exc:  # a generator stage or gate: the scorer passed its own
+                print(  # noqa: T201
+                    f"\nThe generator was not published: {exc}\nScoringService keeps serving the "
+                    "scoring student; ReasoningService does not start (the generator's gates: "
+                    "docs/generator-build.md). Ctrl-C to stop."
+                )
+                await _until_stopped(options, stop)
+                return 1
             if recipe.generator is not None:
                 from .evaluation.generator_report import generator_table
 

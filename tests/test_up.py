@@ -9,7 +9,9 @@ import subprocess
 import time
 
 import psutil
+import yaml
 
+from slimserve.buildstage.recipe import RECIPES_DIR
 from tests.test_cli import CLI
 
 TINY_UP = ["up", "--recipe", "tiny", "--port", "0", "--metrics-port", "0"]
@@ -99,3 +101,21 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert "Sample request" in output and "Sample explanation" in output and "Teacher vs students" in output
     assert elapsed < 120, f"{elapsed:.0f} s to serving"
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    # 4. A generator gate that fails (same stages, stricter gate): the scorer keeps serving, said so.
+    strict = yaml.safe_load((RECIPES_DIR / "tiny.yaml").read_text())
+    strict["generator"]["gates"] = {"max_kl_increase": -100.0}  # demands 100 nats better: never met
+    (tmp_path / "strict.yaml").write_text(yaml.safe_dump(strict))
+    log_path = tmp_path / "fourth.log"
+    command = [part if part != "tiny" else str(tmp_path / "strict.yaml") for part in _up(tmp_path)]
+    with log_path.open("w") as log_file:
+        fourth = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(log_path, "Serving; Ctrl-C to stop.", fourth, timeout_s=600)
+        finally:
+            fourth.send_signal(signal.SIGINT)
+            fourth.wait(timeout=60)
+    output = log_path.read_text()
+    assert fourth.returncode == 1, output
+    assert "The generator was not published: quality gate failed" in output
+    assert "ScoringService keeps serving the scoring student" in output and "Sample request" in output

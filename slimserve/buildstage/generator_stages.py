@@ -432,6 +432,13 @@ def _quality(rows: list[GeneratorRow]) -> str:
     if not rows:
         return ""
     row = rows[-1]
+    finetune = row.notes.get("finetune")
+    if finetune is not None:  # the teacher's fine-tune: no teacher text to compare with yet
+        loss = finetune.get("final_loss")
+        return (
+            f": generator teacher fine-tuned on {finetune['examples']} examples, {finetune['steps']} steps, "
+            f"final loss {float('nan') if loss is None else loss:.3f} (its grounding: the generator table)"
+        )
     return f": {row.stage}, KL to teacher {row.kl_teacher_text:.3f}, top-1 agreement {row.top1_agreement:.3f}"
 
 
