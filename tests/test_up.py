@@ -40,18 +40,22 @@ def _wait_for(log_path, marker: str, process: subprocess.Popen, timeout_s: float
         time.sleep(0.2)
 
 
+def _ctrl_c_at(log_path, command: list[str], marker: str) -> tuple[int, str]:
+    """Run ``command`` until ``marker`` is in its output, then Ctrl-C it: (exit code, output)."""
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        try:
+            _wait_for(log_path, marker, process, timeout_s=600)
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=60)
+    return process.returncode, log_path.read_text()
+
+
 def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once(tmp_path):
     # 1. Interrupted during the build: it stops at once and leaves the finished stages.
-    log_path = tmp_path / "first.log"
-    with log_path.open("w") as log_file:
-        up = subprocess.Popen(_up(tmp_path), stdout=log_file, stderr=subprocess.STDOUT, text=True)
-        try:
-            _wait_for(log_path, "stage distill: running", up, timeout_s=600)
-        finally:
-            up.send_signal(signal.SIGINT)
-            up.wait(timeout=60)
-    first = log_path.read_text()
-    assert up.returncode == 130, first
+    code, first = _ctrl_c_at(tmp_path / "first.log", _up(tmp_path), "stage distill: running")
+    assert code == 130, first
     assert "Interrupted: the next `slimserve up` resumes the build" in first
     assert "stage teacher: finished in" in first and "test AUC" in first  # the stage's closing line
     assert not (tmp_path / "model_repository" / "scorer").exists()
@@ -106,16 +110,8 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     strict = yaml.safe_load((RECIPES_DIR / "tiny.yaml").read_text())
     strict["generator"]["gates"] = {"max_kl_increase": -100.0}  # demands 100 nats better: never met
     (tmp_path / "strict.yaml").write_text(yaml.safe_dump(strict))
-    log_path = tmp_path / "fourth.log"
     command = [part if part != "tiny" else str(tmp_path / "strict.yaml") for part in _up(tmp_path)]
-    with log_path.open("w") as log_file:
-        fourth = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, text=True)
-        try:
-            _wait_for(log_path, "Serving; Ctrl-C to stop.", fourth, timeout_s=600)
-        finally:
-            fourth.send_signal(signal.SIGINT)
-            fourth.wait(timeout=60)
-    output = log_path.read_text()
-    assert fourth.returncode == 1, output
+    code, output = _ctrl_c_at(tmp_path / "fourth.log", command, "Serving; Ctrl-C to stop.")
+    assert code == 1, output
     assert "The generator was not published: quality gate failed" in output
     assert "ScoringService keeps serving the scoring student" in output and "Sample request" in output
