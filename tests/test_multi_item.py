@@ -96,7 +96,8 @@ def test_a_single_candidate_is_sent_folded(tokenizer, graphs):
     graph, scorer = graphs
     tokens = encode_scoring(tokenizer, EXAMPLE_MEMBER, example_candidates(1), SPLIT)
     (request,) = multi_item_requests(tokens, (32, 64, 128), max_items=4)
-    assert request.prefix_ids[0].tolist() == tokens.sequences()[0][:-1] and request.item_ids.shape == (1, 1, 1)
+    assert request.prefix_ids[0].tolist() == tokens.sequences()[0][:-1]
+    assert request.item_ids.shape == (1, 1, 1)
     with torch.no_grad():
         score = scorer(*(torch.from_numpy(a) for a in request.arrays())).numpy()[0]
     np.testing.assert_allclose(score, single_scores(graph, tokens.sequences()), atol=1e-5)
