@@ -33,11 +33,6 @@ class ScoringTokens:
         return [self.prefix + item for item in self.items]
 
 
-def is_split_template(template_version: str) -> bool:
-    """Whether ``template_version`` tokenizes a member prefix and item suffixes apart."""
-    return template_version not in prompts.WHOLE_TEXT_TEMPLATES
-
-
 def encode_scoring(
     tokenizer: PromptTokenizer,
     member: Member,

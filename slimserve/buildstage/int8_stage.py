@@ -119,8 +119,9 @@ def run_int8(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
 ) -> tuple[list[StageRow], Path]:
     """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). Adds speed
-    to the FP32 student's row (the teacher's comes from ``run_teacher_speed``). With ``publish.scoring_mode: multi_item`` the chosen method is also applied to the
-    multi-item graph, checked against the single-sequence INT8 graph, and that graph is published."""
+    to the FP32 student's row (the teacher's comes from ``run_teacher_speed``). With
+    ``publish.scoring_mode: multi_item`` the chosen method is also applied to the multi-item graph,
+    checked against the single-sequence INT8 graph, and that graph is published."""
     from ..compression.quantize import calibration_batches
 
     buckets = recipe.publish.length_buckets
