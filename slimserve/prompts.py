@@ -6,6 +6,7 @@ service, so a model is never served with a prompt it was not trained and exporte
 
 from __future__ import annotations
 
+from .pair_facts import REMOTE_CLOSED, REMOTE_OPEN, SAME_CITY, PairFacts, pair_facts, verdict_of
 from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
 SCORING_TEMPLATE_VERSION = "scoring-v5"
@@ -160,20 +161,104 @@ def render_scoring_prompt(member: Member, item: Item, version: str = SCORING_TEM
 
 # The reasoning workload: the generator explains why an item suits a member. The text is the user turn
 # of a chat wrapped by `render_chat_prompt`, so an instruction-tuned teacher sees the format it was
-# trained on.
-EXPLAIN_TEMPLATE_VERSION = "explain-v1"
+# trained on. ``explain-v2`` states the pair's computed facts (``slimserve.pair_facts``: shared and
+# missing skills, level gap, location fit, industry, relevant activity, the verdict they call for) so the
+# model explains them instead of computing them; ``explain-v1`` (profile and item only) is still served.
+EXPLAIN_TEMPLATE_VERSION = "explain-v2"
+OLDER_EXPLAIN_TEMPLATES = ("explain-v1",)
+SERVED_EXPLAIN_TEMPLATES = (EXPLAIN_TEMPLATE_VERSION, *OLDER_EXPLAIN_TEMPLATES)
 EXPLAIN_SYSTEM_PROMPT = "You are a helpful career assistant."
 END_OF_TURN = "<|im_end|>"
 
 
-def render_explain_request(member: Member, item: Item) -> str:
-    """The user message asking for a short explanation of why `item` suits `member` (or does not)."""
+def _listed(values: tuple[str, ...]) -> str:
+    return ", ".join(values) or "none"
+
+
+def _level_fact(f: PairFacts) -> str:
+    if f.level_gap is None:
+        return "not comparable (a level is not stated)"
+    if f.level_gap == 0:
+        return f"{f.item_level}, the member's level"
+    steps = "1 level" if abs(f.level_gap) == 1 else f"{abs(f.level_gap)} levels"
+    return f"{f.item_level}, {steps} {'above' if f.level_gap > 0 else 'below'} the member ({f.member_level})"
+
+
+def _location_fact(f: PairFacts) -> str:
+    if f.location_fit == REMOTE_OPEN:
+        return "remote; the member is open to remote work"
+    if f.location_fit == REMOTE_CLOSED:
+        return "remote; the member is not open to remote work"
+    if f.location_fit == SAME_CITY:
+        return f"on site in {f.item_city}, the member's city"
+    return f"on site in {f.item_city or 'an unstated city'}; the member is in {f.member_city or 'an unstated city'}"
+
+
+def _industry_fact(f: PairFacts) -> str:
+    if not f.item_industry:
+        return "not stated"
+    if f.industry_match:
+        return f"{f.item_industry}, one of the member's industries"
+    return f"{f.item_industry}, new to the member (the member's: {_listed(f.member_industries)})"
+
+
+def _activity_fact(f: PairFacts) -> str | None:
+    a = f.activity
+    if a is None or f.activity_relation == "other":
+        return None
+    at = f" at {a.company}" if a.company else ""
+    where = (
+        f"{f.activity_relation}" if f.activity_relation == "same company" else f"same industry, {a.industry}"
+    )
+    return f"{_ACTIVITY_TEXT[a.kind]} {a.item_title}{at} ({where})"
+
+
+def render_facts(member: Member, item: Item) -> str:
+    """The facts block of an ``explain-v2`` prompt: what ``pair_facts`` computes, one fact a line."""
+    f = pair_facts(member, item)
+    lines = [
+        f"- skills the member has: {_listed(f.shared_skills)}",
+        f"- skills the member lacks: {_listed(f.missing_skills)}",
+        f"- level: {_level_fact(f)}",
+        f"- location: {_location_fact(f)}",
+        f"- industry: {_industry_fact(f)}",
+    ]
+    activity = _activity_fact(f)
+    if activity is not None:
+        lines.append(f"- recent activity: {activity}")
+    lines.append(f"- verdict: {verdict_of(f)}")
+    return "Facts:\n" + "\n".join(lines) + "\n"
+
+
+def _item_header(item: Item) -> str:
+    """The item's first line (kind, title, company, level, place, industry), as ``render_item`` writes it."""
+    return render_item(item).split("\n", 1)[0] + "\n"
+
+
+def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
+    """The user message asking for a short explanation of why ``item`` suits ``member`` (or does not).
+
+    ``explain-v2``: the member's first profile line, the item's first line and the pair's facts, then the
+    instruction. ``explain-v1``: the whole profile and item, no facts.
+    """
     kind = _KIND_TEXT[item.kind]
+    if version == "explain-v1":
+        return (
+            f"{render_member(member)}"
+            f"{render_item(item)}"
+            f"In two or three sentences, explain to this member why this {kind} does or does not suit them. "
+            f"Mention their skills, level, location and industries where they matter."
+        )
+    if version != EXPLAIN_TEMPLATE_VERSION:
+        raise ValueError(
+            f"unknown explain template {version!r}; known: {', '.join(SERVED_EXPLAIN_TEMPLATES)}"
+        )
     return (
-        f"{render_member(member)}"
-        f"{render_item(item)}"
-        f"In two or three sentences, explain to this member why this {kind} does or does not suit them. "
-        f"Mention their skills, level, location and industries where they matter."
+        f"{render_member(member).split(chr(10), 1)[0]}\n"
+        f"{_item_header(item)}"
+        f"{render_facts(member, item)}"
+        f'Start with the verdict, then explain it to the member (as "you") in two or three sentences, '
+        f"using only these facts."
     )
 
 

@@ -23,6 +23,7 @@ from slimserve.export.repository import list_versions
 from slimserve.export.triton_config import parse_config_pbtxt, to_model_config
 from slimserve.generation_bundle import load_generation_bundle
 from slimserve.models.teacher import load_teacher
+from slimserve.prompts import EXPLAIN_TEMPLATE_VERSION
 from slimserve.triton_models.generator import (
     BatchEngine,
     GenerationRequest,
@@ -173,7 +174,7 @@ def test_published_repository_is_complete_and_consistent(published):
     optional = {t.name for t in config.input if t.optional}
     assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty"}
     bundle = load_generation_bundle(version_dir / "bundle")
-    assert bundle.prompt_template_version == "explain-v1" and set(bundle.eos_token_ids) >= {0, 2}
+    assert bundle.prompt_template_version == EXPLAIN_TEMPLATE_VERSION and set(bundle.eos_token_ids) >= {0, 2}
     assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash
     report = json.loads((version_dir / REPORT_FILE).read_text())
     assert report["parity_fp32"]["identical"] is True
@@ -189,7 +190,7 @@ def test_a_bundle_published_under_the_old_field_name_still_loads(published, tmp_
     (bundle_dir / "generation.json").write_text(json.dumps(manifest))
     old = load_generation_bundle(bundle_dir)
     assert old == load_generation_bundle(version_dir / "bundle")
-    assert old.prompt_template_version == "explain-v1"
+    assert old.prompt_template_version == EXPLAIN_TEMPLATE_VERSION
 
 
 def test_export_config_describes_every_field_and_holds_the_recipe_publish_section():

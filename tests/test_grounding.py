@@ -8,14 +8,7 @@ import random
 import pytest
 
 from slimserve.data import vocab
-from slimserve.data.explanations import (
-    VERDICTS,
-    explanation_rng,
-    general_instructions,
-    pair_facts,
-    verdict_for,
-    write_explanation,
-)
+from slimserve.data.explanations import explanation_rng, general_instructions, write_explanation
 from slimserve.data.synth import SynthConfig, synthesize
 from slimserve.evaluation.grounding import (
     check_explanation,
@@ -24,6 +17,8 @@ from slimserve.evaluation.grounding import (
     parse_verdict,
     summarize,
 )
+from slimserve.pair_facts import VERDICTS, pair_facts, verdict_for
+from slimserve.prompts import EXPLAIN_TEMPLATE_VERSION, SERVED_EXPLAIN_TEMPLATES, render_explain_request
 from slimserve.schema import Activity, ActivityKind, Item, Member, Seniority
 
 MEMBER = Member(
@@ -106,6 +101,39 @@ def test_explanation_states_the_facts_and_only_them():
     assert named <= {"python", "sql", "kubernetes", "berlin", "software", "globex corporation"}
     check = check_explanation(MEMBER, ITEM, text)
     assert not check.hallucinated and check.covered and check.verdict_agrees
+
+
+def test_explain_prompt_states_the_computed_facts_and_only_the_pairs_terms():
+    text = render_explain_request(MEMBER, item(location="Paris"))
+    assert "- skills the member has: python, sql\n" in text
+    assert "- skills the member lacks: kubernetes\n" in text
+    assert "- level: senior, the member's level\n" in text
+    assert "- location: on site in Paris; the member is in Berlin\n" in text
+    assert "- industry: software, one of the member's industries\n" in text
+    assert "- recent activity: engaged with Backend Developer at Globex Corporation (same company)\n" in text
+    assert "- verdict: Partial fit\n" in text and verdict_for(MEMBER, item(location="Paris")) == "Partial fit"
+    named = {term for _, term in mentions(text)}
+    assert named <= {
+        "python",
+        "sql",
+        "kubernetes",
+        "docker",
+        "aws",
+        "berlin",
+        "paris",
+        "software",
+        "globex corporation",
+    }
+
+
+def test_explain_prompt_versions(pairs):
+    for member, item_ in pairs[:50]:  # every synthetic pair renders, and the verdict line is the rule's
+        assert f"- verdict: {verdict_for(member, item_)}\n" in render_explain_request(member, item_)
+    old = render_explain_request(MEMBER, ITEM, "explain-v1")
+    assert "Facts:" not in old and "Member skills: python, sql, docker, aws" in old
+    assert EXPLAIN_TEMPLATE_VERSION in SERVED_EXPLAIN_TEMPLATES and "explain-v1" in SERVED_EXPLAIN_TEMPLATES
+    with pytest.raises(ValueError, match="unknown explain template 'explain-v0'"):
+        render_explain_request(MEMBER, ITEM, "explain-v0")
 
 
 def test_written_explanations_are_grounded_on_the_synthetic_data(pairs):

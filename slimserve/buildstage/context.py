@@ -34,10 +34,13 @@ def _scorer_data(recipe: Recipe) -> dict:
 
 def _generator_base(recipe: Recipe) -> dict:
     """What every generator stage depends on: the data, the original teacher, its text and evaluation,
-    and its fine-tune."""
+    and its fine-tune (and the explain prompt template: a new one re-runs every generator stage)."""
+    from ..prompts import EXPLAIN_TEMPLATE_VERSION
+
     g = recipe.generator
     return {
         "data": _dump(recipe.data),
+        "prompt_template": EXPLAIN_TEMPLATE_VERSION,
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": _dump(g.teacher_text),
         "evaluation": _dump(g.evaluation),

@@ -158,14 +158,23 @@ def _save_model(ctx: GeneratorContext, model, out: Path) -> None:
     save_hf_model(model, out / "model", ctx.tokenizer_file)
 
 
+def pick_by_verdict(examples, count: int, seed: int) -> list:
+    """``count`` training pairs spread evenly over the verdicts their facts call for (on the synthetic
+    data a random draw is about 7% ``Strong fit``, too few for the teacher and student to learn it)."""
+    from ..compression.generation_data import pick_balanced
+    from ..pair_facts import verdict_for
+
+    return pick_balanced(examples, count, seed, lambda e: verdict_for(e.member, e.item))
+
+
 def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[list[int]], list[dict]]:
     """(prompts, answers, records) of the teacher's fine-tune: explanations written from the facts of
     ``finetune.examples`` train-split pairs, and free instructions ``teacher`` answers itself (greedy)."""
-    from ..compression.generation_data import chat_prompts, explain_prompts, generate, pick
+    from ..compression.generation_data import chat_prompts, explain_prompts, generate
     from ..data.explanations import explanation_rng, general_instructions, write_explanation
 
     settings, max_prompt = ctx.settings.finetune, ctx.settings.teacher_text.max_prompt_tokens
-    examples = pick(ctx.data.examples["train"], settings.examples, settings.seed)
+    examples = pick_by_verdict(ctx.data.examples["train"], settings.examples, settings.seed)
     texts = [
         write_explanation(e.member, e.item, explanation_rng(settings.seed, e.member, e.item))
         for e in examples
@@ -232,7 +241,12 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         ("train", "train", settings.prompts, settings.top_k),
         ("heldout", "test", settings.heldout_prompts, None),
     ):
-        examples = pick(ctx.data.examples[split], count, settings.seed)
+        pool = ctx.data.examples[split]  # train prompts balanced by verdict, held-out ones as they come
+        examples = (
+            pick_by_verdict(pool, count, settings.seed)
+            if name == "train"
+            else pick(pool, count, settings.seed)
+        )
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)
         with progress_bar(len(prompts), f"teacher text, {name}") as bar:
             generated = generate(

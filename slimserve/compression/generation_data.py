@@ -69,6 +69,22 @@ def pick(examples: Sequence, count: int, seed: int) -> list:
     return [examples[i] for i in sorted(order)]
 
 
+def pick_balanced(examples: Sequence, count: int, seed: int, group: Callable[[object], str]) -> list:
+    """``count`` examples drawn without replacement, as evenly over ``group(example)`` as the groups
+    allow (a small group is taken whole, the others share the rest); seeded, in the input's order."""
+    rng = np.random.default_rng(seed)
+    groups: dict[str, list[int]] = {}
+    for i, example in enumerate(examples):
+        groups.setdefault(group(example), []).append(i)
+    queues = [list(rng.permutation(members)) for _, members in sorted(groups.items())]
+    chosen: list[int] = []
+    while len(chosen) < count and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(int(queue.pop()))
+    return [examples[i] for i in sorted(chosen)]
+
+
 def pad_left(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask) int64, left-padded to the longest sequence (for generation)."""
     length = max(len(s) for s in sequences)

@@ -8,7 +8,7 @@ Per explanation (``check_explanation``):
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
-  with the verdict the facts call for (``data.explanations.verdict_of``); no verdict is a disagreement;
+  with the verdict the facts call for (``pair_facts.verdict_of``); no verdict is a disagreement;
 - **decision agreement** (when the scoring student's decision is given): ``Strong fit`` agrees with
   "engage", ``Weak fit`` with "not engage"; a ``Partial fit`` makes no yes/no claim and is left out,
   a missing verdict disagrees.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..data import vocab
-from ..data.explanations import VERDICTS, pair_facts, verdict_of
+from ..pair_facts import VERDICTS, pair_facts, verdict_of
 from ..schema import Item, Member
 
 PLAIN_WORDS = frozenset({"go", "excel", "lean", "planning", "react", "mentoring", "education", "energy"})

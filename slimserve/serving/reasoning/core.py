@@ -120,7 +120,12 @@ class ReasoningCore(ServiceCore):
 
         directory = config.resolved_bundle_dir()
         bundle = load_generation_bundle(directory)
-        check_template_version(directory, bundle.prompt_template_version, prompts.EXPLAIN_TEMPLATE_VERSION)
+        check_template_version(
+            directory,
+            bundle.prompt_template_version,
+            prompts.EXPLAIN_TEMPLATE_VERSION,
+            prompts.OLDER_EXPLAIN_TEMPLATES,
+        )
         tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
         tokenizer.no_padding()
         tokenizer.no_truncation()
@@ -145,7 +150,7 @@ class ReasoningCore(ServiceCore):
         clock = _Clock()
         validate_explain(member, item, self.config)
         resolved = resolve_options(options, self.config, self.bundle.max_new_tokens_limit)
-        text = prompts.render_explain_request(member, item)
+        text = prompts.render_explain_request(member, item, self.bundle.prompt_template_version)
         return self._stream(clock, text, resolved, "member and item", timeout_s, request_id)
 
     def generate(
