@@ -14,6 +14,7 @@ import pytest
 
 from slimserve.bench.faults import FaultsConfig, format_faults_table, run_faults
 from slimserve.bench.faults.fuzz import UNDECODABLE_MESSAGE, fuzz_body, names_a_field
+from slimserve.bench.faults.overload import Capacity, load_deadline
 from slimserve.bench.faults.report import CaseResult, Figure
 from slimserve.bundle import bundle_dir_for
 from slimserve.cli import build_parser
@@ -83,6 +84,19 @@ def test_flags_come_from_the_config():
 def test_freeze_must_outlast_two_deadlines(tmp_path):
     with pytest.raises(ValueError, match="twice deadline_s"):
         FaultsConfig(model_repository=tmp_path, deadline_s=2.0, freeze_seconds=3.0)
+
+
+def test_an_unset_deadline_is_sized_from_the_capacity(tmp_path):
+    config = FaultsConfig(model_repository=tmp_path, load_workers=4)
+    assert config.deadline_s is None and config.freeze_seconds is None
+    slow = Capacity(1.8, 2, 1500.0, ())  # 2 calls in flight at capacity, p99 1.5 s
+    assert load_deadline(slow, workers=4) == pytest.approx(9.0)  # 3 x 1.5 s x (4 in flight / 2)
+    assert load_deadline(Capacity(90.0, 8, 40.0, ()), workers=4) == 2.0  # never below 2 s
+    sized = config.with_deadline(9.0)
+    assert (sized.deadline_s, sized.freeze_seconds) == (9.0, 22.5)
+    assert (
+        FaultsConfig(model_repository=tmp_path, freeze_seconds=30.0).with_deadline(9.0).freeze_seconds == 30.0
+    )
 
 
 def test_table_marks_missed_targets():

@@ -38,7 +38,12 @@ class FaultsConfig(Settings):
     )
     requests: int = Field(64, ge=1, description="Distinct Score requests (members) the load cycles through.")
     candidates: int = Field(8, ge=1, description="Candidates per Score call of the load.")
-    deadline_s: float = Field(2.0, gt=0, description="Deadline of every load call (seconds).")
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        description="Deadline of every load call (seconds); unset: sized from the measured capacity "
+        "(3x the p99 at capacity, scaled to load_workers calls in flight, at least 2 s).",
+    )
     fuzz_requests: int = Field(
         10_000, ge=2, description="Fuzz calls: half mutated ScoreRequests, half raw bytes."
     )
@@ -60,8 +65,10 @@ class FaultsConfig(Settings):
     )
     observe_seconds: float = Field(2.0, gt=0, description="Seconds of load before and after each fault.")
     outage_seconds: float = Field(3.0, gt=0, description="Seconds Triton stays dead before its restart.")
-    freeze_seconds: float = Field(
-        5.0, gt=0, description="Seconds Triton stays stopped (SIGSTOP); longer than twice deadline_s."
+    freeze_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds Triton stays stopped (SIGSTOP); longer than twice deadline_s (unset: 2.5x it).",
     )
     late_slack_s: float = Field(
         0.5,
@@ -87,7 +94,7 @@ class FaultsConfig(Settings):
 
     @model_validator(mode="after")
     def _check(self) -> FaultsConfig:
-        if self.freeze_seconds <= 2 * self.deadline_s:
+        if self.freeze_seconds is not None and self.freeze_seconds <= 2 * (self.deadline_s or 0.0):
             raise ValueError(
                 f"freeze_seconds ({self.freeze_seconds}) must be longer than twice deadline_s "
                 f"({self.deadline_s}): calls sent while Triton is stopped must reach their deadline before "
@@ -96,6 +103,11 @@ class FaultsConfig(Settings):
         if not self.capacity_concurrency or min(self.capacity_concurrency) < 1:
             raise ValueError("capacity_concurrency needs at least one level, each >= 1")
         return self
+
+    def with_deadline(self, deadline_s: float) -> FaultsConfig:
+        """These settings with the load's deadline set (and the freeze, when unset, 2.5x it)."""
+        freeze = self.freeze_seconds if self.freeze_seconds is not None else 2.5 * deadline_s
+        return self.model_copy(update={"deadline_s": deadline_s, "freeze_seconds": freeze})
 
     def ordered_cases(self) -> tuple[Case, ...]:
         return tuple(case for case in CASE_ORDER if case in self.cases)

@@ -256,7 +256,7 @@ async def _send_all(target: str, config: FaultsConfig, tally: _Tally) -> None:
                 half, kind, body = fuzz_body(config.seed, index, valid)
                 started = time.perf_counter()
                 try:
-                    await call(body, timeout=max(10.0, config.deadline_s))
+                    await call(body, timeout=max(10.0, config.deadline_s or 0.0))
                     code, details = OK, ""
                 except grpc.aio.AioRpcError as exc:
                     code, details = exc.code().name, exc.details() or ""

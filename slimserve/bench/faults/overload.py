@@ -39,6 +39,18 @@ class Capacity:
         return f"{self.calls_per_s:.1f} calls/s at concurrency {self.concurrency} (p99 {self.p99_ms:.0f} ms)"
 
 
+MEASURING_DEADLINE_S = 30.0  # the capacity calls' deadline while the load's own is not sized yet
+MIN_DEADLINE_S = 2.0
+DEADLINE_P99_FACTOR = 3.0
+
+
+def load_deadline(capacity: Capacity, workers: int) -> float:
+    """A load deadline that calls at capacity meet with room to spare: ``DEADLINE_P99_FACTOR`` x the p99
+    at the capacity concurrency, scaled up when ``workers`` keep more calls in flight than that."""
+    scale = max(1.0, workers / max(capacity.concurrency, 1))
+    return max(MIN_DEADLINE_S, DEADLINE_P99_FACTOR * capacity.p99_ms / 1000.0 * scale)
+
+
 def pick_capacity(points: list[LoadPoint]) -> Capacity:
     """The best throughput, at the lowest concurrency reaching ``CAPACITY_SHARE`` of it."""
     best = max(p.requests_per_s for p in points)
@@ -52,7 +64,7 @@ def pick_capacity(points: list[LoadPoint]) -> Capacity:
 
 async def _measure(target: str, requests: list, config: FaultsConfig) -> Capacity:
     async with grpc.aio.insecure_channel(target) as channel:
-        call = RecordedScore(channel, requests, config.deadline_s)
+        call = RecordedScore(channel, requests, config.deadline_s or MEASURING_DEADLINE_S)
         for index in range(WARMUP_CALLS):
             await call.safe(index)
         points = [
@@ -74,7 +86,7 @@ def overload_budget(config: FaultsConfig, capacity: Capacity) -> int:
 
 async def _overload(target: str, pid: int, requests: list, config: FaultsConfig, rate: float):
     async with grpc.aio.insecure_channel(target) as channel:
-        call = RecordedScore(channel, requests, config.deadline_s)
+        call = RecordedScore(channel, requests, config.deadline_s or MEASURING_DEADLINE_S)
         for index in range(WARMUP_CALLS):
             await call.safe(index)
         call.outcomes.clear()

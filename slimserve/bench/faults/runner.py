@@ -9,7 +9,7 @@ from collections.abc import Callable
 from .config import FaultsConfig
 from .drain import run_drain
 from .fuzz import run_fuzz
-from .overload import Capacity, measure_capacity, run_overload
+from .overload import Capacity, load_deadline, measure_capacity, run_overload
 from .publish import run_publish
 from .report import CaseResult
 from .soak import run_soak
@@ -69,6 +69,13 @@ def run_faults(
     results = []
     with open_stack(config) as stack:
         run = _Run(stack, config)
+        if config.deadline_s is None:  # sized from the capacity, measured once for the run
+            run.config = config = config.with_deadline(load_deadline(run.capacity, config.load_workers))
+            log.info(
+                "load deadline %.1f s, freeze %.1f s (from the capacity)",
+                config.deadline_s,
+                config.freeze_seconds,
+            )
         for case, function in run.cases():
             log.info("fault case %s", case)
             started = time.perf_counter()

@@ -58,13 +58,23 @@ async def _kill(stack: Stack, target: str, requests: list, config: FaultsConfig)
     failed = [o for o in call.outcomes if o.code == UNAVAILABLE]
     result = CaseResult("Triton killed")
     result.figures = [
+        info("load deadline", config.deadline_s, unit="s"),
         info("OK before the kill", codes(before)[OK]),
         below(
             "first UNAVAILABLE after the kill",
             _first_after(call.outcomes, UNAVAILABLE, killed, sent_after=False),
             1.0,
         ),
-        below("slowest UNAVAILABLE call", max((o.seconds for o in failed), default=None), 1.0),
+        below(
+            "slowest UNAVAILABLE, from the kill (or its send, if later)",
+            max((o.finished - max(o.sent, killed) for o in failed), default=None),
+            1.0,
+        ),
+        info(
+            "slowest UNAVAILABLE, from its send",
+            max((o.seconds for o in failed), default=float("nan")),
+            unit="s",
+        ),
         zero("calls during the outage not UNAVAILABLE", sum(1 for o in outage if o.code != UNAVAILABLE)),
         info("codes during the outage", describe_codes(codes(outage))),
         below("health NOT_SERVING after the kill", health.first("NOT_SERVING", killed), 2.0),
@@ -98,6 +108,7 @@ async def _freeze(stack: Stack, target: str, requests: list, config: FaultsConfi
     late = [o for o in call.outcomes if o.seconds > config.deadline_s + config.late_slack_s]
     result = CaseResult("Triton frozen")
     result.figures = [
+        info("frozen for (load deadline)", f"{config.freeze_seconds:.1f} s ({config.deadline_s:.1f} s)"),
         info("calls due while frozen", len(due)),
         zero("of those, not DEADLINE_EXCEEDED (or UNAVAILABLE)", sum(1 for o in due if o.code not in ENDED)),
         info("codes while frozen", describe_codes(codes(call.between(frozen, resumed)))),
