@@ -232,6 +232,23 @@ def test_teacher_is_fine_tuned_on_written_explanations_and_its_own_answers(built
     assert not torch.equal(tuned.state_dict()[key], original.state_dict()[key].cpu())
 
 
+def test_training_pairs_are_spread_over_the_verdicts():
+    from collections import Counter
+
+    from slimserve.compression.generation_data import pick_balanced
+
+    examples = (
+        [("strong", i) for i in range(5)]
+        + [("weak", i) for i in range(40)]
+        + [("partial", i) for i in range(60)]
+    )
+    picked = pick_balanced(examples, 35, seed=1, group=lambda e: e[0])
+    assert Counter(g for g, _ in picked) == {"strong": 5, "weak": 15, "partial": 15}  # the small group whole
+    assert picked == sorted(picked, key=examples.index) and len(set(picked)) == 35  # input order, no repeats
+    assert picked == pick_balanced(examples, 35, seed=1, group=lambda e: e[0])
+    assert pick_balanced(examples, 500, seed=1, group=lambda e: e[0]) == examples  # all when fewer
+
+
 def test_every_model_is_evaluated_for_grounding(built):
     recipe, _, rows, _ = built
     pairs = recipe.generator.evaluation.grounding_prompts
