@@ -182,82 +182,25 @@ def _add_reasoning(sub) -> None:
 
 # -- up -----------------------------------------------------------------------------------------------
 def _add_up(sub) -> None:
+    from .settings import add_config_flags
+    from .up_config import UpConfig
+
     parser = sub.add_parser(
         "up",
         help="build the default recipe (or --recipe) unless already published, start Triton and the "
         "services, answer sample requests, serve; --teacher-only: the teacher zero-shot, no build",
     )
-    parser.add_argument(
-        "--recipe",
-        default="cpu",
-        help="the recipe built and served (tiny, cpu, gpu or a YAML file; default: cpu); a rerun serves "
-        "what it published, an interrupted build resumes",
-    )
-    parser.add_argument(
-        "--teacher-only",
-        action="store_true",
-        help="no build: serve what the repository holds, exporting the teacher zero-shot if it holds nothing",
-    )
-    parser.add_argument(
-        "--teacher", default="default", help="with --teacher-only: export this teacher as the scorer"
-    )
-    parser.add_argument("--work-dir", type=Path, help="the build's stage outputs (resumable)")
-    parser.add_argument(
-        "--no-generator",
-        dest="export_generator",
-        action="store_false",
-        help="with --teacher-only: do not export the teacher as the generator (scoring only)",
-    )
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--model-name", default="scorer")
-    parser.add_argument("--host", default="127.0.0.1", help="address of the gRPC service")
-    parser.add_argument("--port", type=int, default=50051, help="gRPC port of the scoring service (0: free)")
-    parser.add_argument(
-        "--metrics-port", type=int, default=9090, help="Prometheus port of the service (0: free)"
-    )
-    parser.add_argument("--triton-url", help="use this running Triton (host:port) instead of starting one")
-    parser.add_argument(
-        "--grpc-port", type=int, default=0, help="Triton gRPC port when started here (0: free)"
-    )
-    parser.add_argument(
-        "--http-port", type=int, default=0, help="Triton HTTP port when started here (0: free)"
-    )
-    parser.add_argument("--triton-metrics-port", dest="metrics_port_triton", type=int, default=0)
-    parser.add_argument("--startup-timeout", type=float, default=300.0)
-    parser.add_argument(
-        "--reasoning-port", type=int, default=50052, help="gRPC port of the reasoning service (0: free)"
-    )
-    parser.add_argument("--reasoning-metrics-port", type=int, default=9091, help="its Prometheus port")
-    parser.add_argument("--no-sample", action="store_true", help="skip the sample request")
-    parser.add_argument("--exit-after-sample", action="store_true", help="stop after the sample request")
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with UpConfig settings")
+    add_config_flags(parser, UpConfig)
     parser.set_defaults(handler=_run_up)
 
 
 def _run_up(args: argparse.Namespace) -> int:
-    from .up import UpOptions, run_up
+    from .settings import config_from_args
+    from .up import run_up
+    from .up_config import UpConfig
 
-    options = UpOptions(
-        teacher=args.teacher,
-        recipe=args.recipe,
-        teacher_only=args.teacher_only,
-        work_dir=args.work_dir,
-        export_generator=args.export_generator,
-        model_repository=args.model_repository,
-        model_name=args.model_name,
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        triton_url=args.triton_url,
-        triton_grpc_port=args.grpc_port,
-        triton_http_port=args.http_port,
-        triton_metrics_port=args.metrics_port_triton,
-        startup_timeout_s=args.startup_timeout,
-        sample=not args.no_sample,
-        exit_after_sample=args.exit_after_sample,
-        reasoning_port=args.reasoning_port,
-        reasoning_metrics_port=args.reasoning_metrics_port,
-    )
-    return run_up(options)
+    return run_up(config_from_args(UpConfig, args, args.config))
 
 
 # -- score --------------------------------------------------------------------------------------------

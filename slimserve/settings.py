@@ -140,7 +140,10 @@ def _flag_name(field: str) -> str:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, model_cls: type[BaseModel]) -> None:
-    """Add one ``--field-name`` flag per config field (help = its description); absent flags stay unset."""
+    """Add one ``--field-name`` flag per config field (help = its description); absent flags stay unset.
+
+    A field with ``json_schema_extra={"repeatable": True}`` (and optionally a ``metavar``) is a flag given
+    once per value, collected into a list."""
     group = parser.add_argument_group(f"{model_cls.__name__} (flags override file and environment)")
     for name, info in model_cls.model_fields.items():
         default = info.get_default(call_default_factory=True)
@@ -149,7 +152,10 @@ def add_config_flags(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
         env = f"; env {prefix}{name.upper()}" if prefix else ""
         help_text = f"{info.description} [default: {shown}{env}]".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        if _is_bool(info.annotation):
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("repeatable"):  # a list of text values, one per use of the flag
+            kwargs.update(action="append", metavar=extra.get("metavar", name.upper()))
+        elif _is_bool(info.annotation):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif _is_structured(info.annotation):  # lists, mappings, nested models: a YAML/JSON value
             kwargs.update(type=_yaml_value, metavar="YAML")

@@ -19,50 +19,25 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from .bundle import BundleError, bundle_dir_for, load_bundle
 from .errors import BuildError, StageError, UserError
 
+if TYPE_CHECKING:
+    from .up_config import UpConfig
+
 log = logging.getLogger(__name__)
 
-DEFAULT_RECIPE = "cpu"
 
-
-@dataclass
-class UpOptions:
-    """What ``slimserve up`` starts and where."""
-
-    teacher: str = "default"  # --teacher-only: exported when the repository holds no scorer
-    recipe: str = DEFAULT_RECIPE  # built (resumably) unless the repository holds what it published
-    teacher_only: bool = False  # serve what is published, exporting the teacher zero-shot if nothing
-    work_dir: Path | None = None  # the build's stage outputs (default: the recipe's)
-    model_repository: Path = Path("model_repository")
-    model_name: str = "scorer"
-    host: str = "127.0.0.1"
-    port: int = 50051
-    metrics_port: int = 9090
-    triton_url: str | None = None
-    triton_grpc_port: int = 0
-    triton_http_port: int = 0
-    triton_metrics_port: int = 0
-    startup_timeout_s: float = 300.0
-    sample: bool = True
-    exit_after_sample: bool = False
-    generator_name: str = "generator"  # served by the reasoning service when published in the repository
-    export_generator: bool = True  # --teacher-only: also export the teacher as the generator if none
-    reasoning_port: int = 50052
-    reasoning_metrics_port: int = 9091
-
-
-def ensure_exported(options: UpOptions) -> Path:
+def ensure_exported(options: UpConfig) -> Path:
     """The bundle directory of the latest published scorer, exporting ``options.teacher`` first if none."""
     try:
         directory = bundle_dir_for(options.model_repository, options.model_name)
@@ -89,7 +64,7 @@ def ensure_exported(options: UpOptions) -> Path:
     return bundle_dir_for(options.model_repository, options.model_name, result.version)
 
 
-def up_recipe(options: UpOptions):
+def up_recipe(options: UpConfig):
     """``options.recipe`` publishing into ``options.model_repository`` (and its work directory)."""
     from .buildstage.recipe import load_recipe
 
@@ -158,7 +133,7 @@ def _print_summary(recipe) -> None:
     print(summary_table(report))  # noqa: T201
 
 
-def published_generator(options: UpOptions) -> Path | None:
+def published_generator(options: UpConfig) -> Path | None:
     """The bundle directory of the latest published generator, or None when the repository has none."""
     from .generation_bundle import generation_bundle_dir, load_generation_bundle
 
@@ -175,7 +150,7 @@ def published_generator(options: UpOptions) -> Path | None:
     return directory
 
 
-def _export_teacher_generator(options: UpOptions) -> Path:
+def _export_teacher_generator(options: UpConfig) -> Path:
     """Publish the teacher itself (full precision) as the generator, so that ``up`` explains without a build."""
     from .export.generator_config import GeneratorExportConfig
     from .export.generator_repository import publish_generator
@@ -199,20 +174,10 @@ def _export_teacher_generator(options: UpOptions) -> Path:
     return generation_bundle_dir(options.model_repository, options.generator_name)
 
 
-def _start_triton(options: UpOptions, models: tuple[str, ...], repository: Path | None = None):
-    from .serving.triton.launcher import TritonServer, TritonServerConfig
+def _start_triton(options: UpConfig, models: tuple[str, ...], repository: Path | None = None):
+    from .serving.triton.launcher import TritonServer
 
-    server = TritonServer(
-        TritonServerConfig(
-            model_repository=(repository or options.model_repository).resolve(),
-            grpc_port=options.triton_grpc_port,
-            http_port=options.triton_http_port,
-            metrics_port=options.triton_metrics_port,
-            model_control_mode="explicit",
-            load_models=models,
-            startup_timeout_s=options.startup_timeout_s,
-        )
-    )
+    server = TritonServer(options.triton_config(models, repository))
     started = time.perf_counter()
     server.start()
     log.info(
@@ -224,26 +189,12 @@ def _start_triton(options: UpOptions, models: tuple[str, ...], repository: Path 
     return server
 
 
-async def _start_reasoning(options: UpOptions, triton_url: str, generator_dir: Path):
+async def _start_reasoning(options: UpConfig, triton_url: str, generator_dir: Path):
     """Start the reasoning service on the generator and wait until it serves."""
-    from .serving.reasoning.config import ReasoningServiceConfig
     from .serving.reasoning.server import ReasoningServer
 
-    config = ReasoningServiceConfig(
-        host=options.host,
-        port=options.reasoning_port,
-        metrics_port=options.reasoning_metrics_port,
-        triton_url=triton_url,
-        bundle_dir=generator_dir,
-    )
-    server = ReasoningServer(config)
-    try:
-        port = await server.start()
-        if not await server.core.watcher.wait_until_ready(timeout=options.startup_timeout_s):
-            raise StageError(f"reasoning service not ready: {server.core.watcher.last_error}")
-    except BaseException:
-        await server.stop(grace=0)
-        raise
+    server = ReasoningServer(options.reasoning_config(triton_url, generator_dir))
+    port = await server.start_ready(options.startup_timeout_s)
     print(f"ReasoningService on {options.host}:{port} (metrics :{server.metrics_port})")  # noqa: T201
     return server
 
@@ -265,39 +216,12 @@ async def _sample_explanation(target: str) -> None:
     print(f"\nTry: slimserve explain --target {target}")  # noqa: T201
 
 
-@contextlib.contextmanager
-def _stop_on_signals(loop):
-    """An event set by SIGINT or SIGTERM while the block runs."""
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        yield stop
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-
-
-async def _start_scoring(options: UpOptions, triton_url: str, bundle_dir: Path):
+async def _start_scoring(options: UpConfig, triton_url: str, bundle_dir: Path):
     """Start the scoring service on the published scorer and wait until it serves; returns the server."""
-    from .serving.scoring.config import ScoringServiceConfig
     from .serving.scoring.server import ScoringServer
 
-    config = ScoringServiceConfig(
-        host=options.host,
-        port=options.port,
-        metrics_port=options.metrics_port,
-        triton_url=triton_url,
-        bundle_dir=bundle_dir,
-    )
-    server = ScoringServer(config)
-    try:
-        port = await server.start()
-        if not await server.core.watcher.wait_until_ready(timeout=options.startup_timeout_s):
-            raise StageError(f"scoring service not ready: {server.core.watcher.last_error}")
-    except BaseException:
-        await server.stop(grace=0)
-        raise
+    server = ScoringServer(options.scoring_config(triton_url, bundle_dir))
+    port = await server.start_ready(options.startup_timeout_s)
     target = f"{options.host}:{port}"
     print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
     print("plaintext, no token: for this machine only (TLS, mTLS, tokens: docs/security.md)")  # noqa: T201
@@ -318,7 +242,7 @@ async def _sample_ranking(target: str) -> None:
     print(f"\nTry: slimserve score --target {target}")  # noqa: T201
 
 
-async def _serve_reasoning(options: UpOptions, triton_url: str, generator_dir: Path):
+async def _serve_reasoning(options: UpConfig, triton_url: str, generator_dir: Path):
     reasoning = await _start_reasoning(options, triton_url, generator_dir)
     if options.sample:
         try:
@@ -329,17 +253,19 @@ async def _serve_reasoning(options: UpOptions, triton_url: str, generator_dir: P
     return reasoning
 
 
-async def _until_stopped(options: UpOptions, stop: asyncio.Event) -> int:
+async def _until_stopped(options: UpConfig, stop: asyncio.Event) -> int:
     if not options.exit_after_sample:
         print("Serving; Ctrl-C to stop.")  # noqa: T201
         await stop.wait()
     return 0
 
 
-async def _serve(options: UpOptions, triton_url: str, bundle_dir: Path, generator_dir: Path | None) -> int:
+async def _serve(options: UpConfig, triton_url: str, bundle_dir: Path, generator_dir: Path | None) -> int:
     """Serve what is published: scoring (and reasoning when there is a generator), samples, then wait."""
     servers = []
-    with _stop_on_signals(asyncio.get_running_loop()) as stop:
+    from .serving.server import stop_on_signals
+
+    with stop_on_signals() as stop:
         try:
             servers.append(await _start_scoring(options, triton_url, bundle_dir))
             if options.sample:
@@ -425,14 +351,15 @@ class _Interrupted(Exception):
     """Ctrl-C during the build: the services are stopped; the build thread is left to the exit."""
 
 
-async def _build_and_serve(options: UpOptions, recipe, state: dict) -> int:
+async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
     """Build ``recipe`` in a thread; serve the scorer once published, then the generator; wait."""
     from .buildstage.runner import published_entry
     from .generation_bundle import generation_bundle_dir
+    from .serving.server import stop_on_signals
 
     loop = asyncio.get_running_loop()
     servers = []
-    with _stop_on_signals(loop) as stop:
+    with stop_on_signals() as stop:
         print(  # noqa: T201
             f"Building recipe {recipe.name!r} in {recipe.resolved_work_dir()} (resumes an interrupted build; "
             "each stage shows a progress bar and ends with a line: time, quality)"
@@ -493,7 +420,7 @@ async def _build_and_serve(options: UpOptions, recipe, state: dict) -> int:
             await asyncio.gather(*(server.stop() for server in servers))
 
 
-def _serve_published(options: UpOptions, bundle_dir: Path, generator_dir: Path | None, recipe=None) -> int:
+def _serve_published(options: UpConfig, bundle_dir: Path, generator_dir: Path | None, recipe=None) -> int:
     models = (options.model_name,) + ((options.generator_name,) if generator_dir else ())
     triton = None if options.triton_url else _start_triton(options, models)
     try:
@@ -507,7 +434,7 @@ def _serve_published(options: UpOptions, bundle_dir: Path, generator_dir: Path |
                 triton.stop()
 
 
-def run_up(options: UpOptions) -> int:
+def run_up(options: UpConfig) -> int:
     """Build the recipe unless already published (or export the teacher with ``teacher_only``), start
     Triton (unless external), run the services until stopped."""
     from .serving.server import configure_logging
@@ -518,7 +445,7 @@ def run_up(options: UpOptions) -> int:
     if options.teacher_only:
         bundle_dir = ensure_exported(options)
         generator_dir = published_generator(options)
-        if generator_dir is None and options.export_generator and not options.triton_url:
+        if generator_dir is None and options.generator and not options.triton_url:
             generator_dir = _export_teacher_generator(options)
         return _serve_published(options, bundle_dir, generator_dir)
 

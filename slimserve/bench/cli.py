@@ -33,15 +33,21 @@ def _numbers(kind, allow_zero: bool = False):
 
 
 def _add_workload_args(parser: argparse.ArgumentParser, candidates: bool = True) -> None:
+    from .config import WorkloadConfig
+
+    fields = WorkloadConfig.model_fields
     group = parser.add_argument_group("workload (real prompts)")
+    group.add_argument("--dataset", type=Path, help=fields["dataset"].description)
     group.add_argument(
-        "--dataset", type=Path, help="dataset directory (JSONL); default: a small synthetic one"
-    )
-    group.add_argument(
-        "--requests", type=int, default=64, help="distinct requests (members) to cycle through"
+        "--requests", type=int, default=fields["requests"].default, help=fields["requests"].description
     )
     if candidates:
-        group.add_argument("--candidates", type=int, default=8, help="candidates (items) per Score request")
+        group.add_argument(
+            "--candidates",
+            type=int,
+            default=fields["candidates"].default,
+            help=fields["candidates"].description,
+        )
 
 
 def _write_json(path: Path | None, data) -> None:
@@ -201,52 +207,25 @@ def _run_grpc(args: argparse.Namespace) -> int:
 
 # -- compare / report ----------------------------------------------------------------------------------
 def _add_compare_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--build-dir", type=Path, help="a build's work directory: teacher FP32, student FP32, INT8"
-    )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME=ONNX[@TORCH]",
-        help="a variant by hand (repeatable; the last one is the published one): ONNX graph, optional "
-        "PyTorch source (tiny, default or a causal-LM directory)",
-    )
-    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the bundle")
-    parser.add_argument("--model-name", default="scorer", help="model whose serving bundle is used")
-    parser.add_argument("--engine-seconds", type=float, default=10.0, help="seconds per in-process engine")
-    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
-    parser.add_argument("--max-requests", type=int, default=400, help="most requests per load level")
-    parser.add_argument("--max-seconds", type=float, default=10.0, help="most seconds per load level")
-    parser.add_argument("--open-loop-seconds", type=float, default=20.0, help="seconds of the open-loop run")
-    parser.add_argument(
-        "--delays-us", type=_numbers(int, allow_zero=True), default=(0, 300), help="queue delays to compare"
-    )
-    parser.add_argument(
-        "--main-delay-us", type=int, default=300, help="queue delay of the cross-variant runs"
-    )
-    parser.add_argument(
-        "--perf-concurrency", type=_numbers(int), default=(1, 4, 16), help="perf_analyzer levels"
-    )
-    parser.add_argument("--perf-window-requests", type=int, default=100, help="perf_analyzer window size")
-    parser.add_argument("--no-pytorch", action="store_true", help="skip the PyTorch baseline")
-    parser.add_argument(
-        "--layout-candidates",
-        type=_numbers(int),
-        default=(1, 10, 50, 200),
-        help="candidates per call of the multi-item vs single-sequence comparison (a multi-item --build-dir)",
-    )
-    parser.add_argument(
-        "--no-layouts", action="store_true", help="skip the multi-item vs single-sequence comparison"
-    )
-    _add_workload_args(parser)
+    from ..settings import add_config_flags
+    from .config import CompareConfig
+
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with CompareConfig settings")
+    add_config_flags(parser, CompareConfig)
 
 
-def _variants(args: argparse.Namespace):
+def _compare_config(args: argparse.Namespace):
+    from ..settings import config_from_args
+    from .config import CompareConfig
+
+    return config_from_args(CompareConfig, args, args.config)
+
+
+def _variants(config):
     from .variants import Variant, variants_from_build
 
-    found = variants_from_build(args.build_dir) if args.build_dir else []
-    for text in args.variant:
+    found = variants_from_build(config.build_dir) if config.build_dir else []
+    for text in config.variant:
         name, sep, rest = text.partition("=")
         if not sep or not name:
             raise UserError(f"--variant {text!r}: expected NAME=ONNX[@TORCH]")
@@ -259,48 +238,35 @@ def _variants(args: argparse.Namespace):
     return found
 
 
-def _compare(args: argparse.Namespace):
+def _compare(config):
     from ..bundle import bundle_dir_for
-    from .compare import CompareSettings, run_compare
+    from .compare import run_compare
     from .workload import load_workload
 
-    bundle_dir = bundle_dir_for(args.model_repository, args.model_name)
-    variants = _variants(args)
-    dataset = args.dataset
-    if dataset is None and args.build_dir and (args.build_dir / "data" / "dataset").is_dir():
-        dataset = args.build_dir / "data" / "dataset"
-    workload = load_workload(bundle_dir, dataset, requests=args.requests, candidates=args.candidates)
+    bundle_dir = bundle_dir_for(config.model_repository, config.model_name)
+    variants = _variants(config)
+    dataset = config.dataset
+    if dataset is None and config.build_dir and (config.build_dir / "data" / "dataset").is_dir():
+        dataset = config.build_dir / "data" / "dataset"
+    workload = load_workload(bundle_dir, dataset, requests=config.requests, candidates=config.candidates)
     print(f"workload: {workload.describe()}")
-    settings = CompareSettings(
-        engine_seconds=args.engine_seconds,
-        concurrencies=args.concurrency,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        open_loop_seconds=args.open_loop_seconds,
-        delays_us=args.delays_us,
-        main_delay_us=args.main_delay_us,
-        perf_concurrencies=args.perf_concurrency,
-        perf_window_requests=args.perf_window_requests,
-        pytorch=not args.no_pytorch,
-    )
-    result = run_compare(variants, bundle_dir, workload, settings)
-    result.layouts = _compare_layouts(args, bundle_dir, dataset)
+    result = run_compare(variants, bundle_dir, workload, config.settings())
+    result.layouts = _compare_layouts(config, bundle_dir, dataset)
     return result
 
 
-def _compare_layouts(args: argparse.Namespace, bundle_dir: Path, dataset: Path | None):
+def _compare_layouts(config, bundle_dir: Path, dataset: Path | None):
     """Multi-item vs single-sequence of the build's student, when the build published multi-item."""
-    from .layouts import LayoutSettings, graphs_from_build, run_layouts
+    from .layouts import graphs_from_build, run_layouts
 
-    if args.no_layouts or not args.build_dir:
+    if not config.layouts or not config.build_dir:
         return None
     try:
-        graphs = graphs_from_build(args.build_dir)
+        graphs = graphs_from_build(config.build_dir)
     except FileNotFoundError as exc:
         print(f"layouts: skipped ({exc})")
         return None
-    settings = LayoutSettings(candidates=args.layout_candidates, max_seconds=args.max_seconds)
-    return run_layouts(bundle_dir, graphs, dataset, settings)
+    return run_layouts(bundle_dir, graphs, dataset, config.layout_settings())
 
 
 def _add_compare(kinds) -> None:
@@ -314,7 +280,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from .ratios import compute_ratios, format_ratios
     from .report import render_summary
 
-    result = _compare(args)
+    result = _compare(_compare_config(args))
     ratios = compute_ratios(result)
     print(render_summary(result))
     print()
@@ -339,12 +305,13 @@ def _add_report(kinds) -> None:
 def _run_report(args: argparse.Namespace) -> int:
     from .report import default_inputs, write_report
 
+    config = _compare_config(args)
     build_report = args.build_report
-    if build_report is None and args.build_dir and (args.build_dir / "report.json").is_file():
-        build_report = args.build_dir / "report.json"
+    if build_report is None and config.build_dir and (config.build_dir / "report.json").is_file():
+        build_report = config.build_dir / "report.json"
     out = args.out or Path("reports") / time.strftime("%Y%m%d-%H%M%S")
     inputs = default_inputs(_command_line(), build_report, args.note)
-    result = _compare(args)
+    result = _compare(config)
     path = write_report(result, inputs, out)
     print(path.read_text())
     print(f"report written to {path.parent}")

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cache import cache_dir
+from .config import CompareSettings
 from .grpc_load import LoadPlan, LoadPoint, bench_service, open_loop, score_call, score_requests
 from .inprocess import ORT_FLOOR, EngineResult, load_torch_scorer, onnx_floor, torch_speed
 from .layouts import LayoutResult
@@ -29,26 +30,6 @@ from .workload import Workload
 log = logging.getLogger(__name__)
 
 ORT_FLOOR_AGAIN = "onnxruntime in process (end of run)"
-
-
-@dataclass(frozen=True)
-class CompareSettings:
-    """Durations and load levels of one comparison."""
-
-    engine_seconds: float = 10.0
-    batch_size: int = 32  # PyTorch baseline
-    floor_batch_sizes: tuple[int, ...] = (8, 32)  # ONNX Runtime floor: the best of these and 1
-    concurrencies: tuple[int, ...] = (1, 4, 16)
-    max_requests: int = 400
-    max_seconds: float = 10.0
-    delays_us: tuple[int, ...] = (0, 300)
-    main_delay_us: int = 300
-    open_loop_fraction: float = 0.5
-    open_loop_seconds: float = 20.0
-    perf_concurrencies: tuple[int, ...] = (1, 4, 16)
-    perf_window_requests: int = 100
-    pytorch: bool = True
-    timeout_s: float = 120.0
 
 
 @dataclass

@@ -29,6 +29,7 @@ import numpy as np
 from ..bundle import SCORING_MULTI_ITEM, SCORING_SINGLE, TOKENIZER_FILE, load_bundle
 from ..cache import cache_dir
 from ..export.scoring_layout import ScoringLayout
+from .config import LayoutSettings
 from .grpc_load import LoadPlan, LoadPoint, bench_service, score_requests
 from .workload import Workload, load_workload
 
@@ -36,19 +37,6 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = (SCORING_SINGLE, SCORING_MULTI_ITEM)
 _LAYOUT_DEFAULTS = ScoringLayout.model_fields
-
-
-@dataclass(frozen=True)
-class LayoutSettings:
-    """Candidates per call, load levels and durations of one layout comparison."""
-
-    candidates: tuple[int, ...] = (1, 10, 50, 200)
-    concurrencies: tuple[int, ...] = (1, 2, 4)
-    requests: int = 16  # distinct Score calls (members) per candidate count
-    floor_seconds: float = 4.0
-    max_requests: int = 200
-    max_seconds: float = 8.0
-    timeout_s: float = 120.0
 
 
 @dataclass

@@ -7,13 +7,15 @@ watcher), reflection and a Prometheus endpoint, all on one port: plaintext, TLS 
 a second, plaintext server answers only grpc.health.v1 (the same statuses), for probes without TLS.
 ``stop`` drains: health goes NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then
 the Triton client closes.
-``run_service`` runs one until SIGTERM or SIGINT. The services' servers: ``serving.scoring.server``
+``start_ready`` starts one and waits for its model (``slimserve up``); ``stop_on_signals`` is the
+SIGTERM/SIGINT handling of both. ``run_service`` runs one until SIGTERM or SIGINT. The services' servers: ``serving.scoring.server``
 (``ScoringServer``) and ``serving.reasoning.server`` (``ReasoningServer``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Mapping
@@ -23,6 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ..errors import StageError
 from . import admission
 from .config import GrpcServiceConfig
 from .interceptor import RequestIdFilter, ServingInterceptor
@@ -199,6 +202,18 @@ class ServiceServer:
         )
         return port
 
+    async def start_ready(self, timeout_s: float) -> int:
+        """``start``, then wait until the core's model is ready (health SERVING); return the bound port.
+        On any failure, or no readiness within ``timeout_s`` (``StageError``), stop at once and raise."""
+        try:
+            port = await self.start()
+            if not await self.core.watcher.wait_until_ready(timeout=timeout_s):
+                raise StageError(f"{self.service_name} not ready: {self.core.watcher.last_error}")
+        except BaseException:
+            await self.stop(grace=0)
+            raise
+        return port
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain: NOT_SERVING, refuse new RPCs, let in-flight ones finish within ``grace`` s, close."""
         if self._stopped:
@@ -228,10 +243,13 @@ class ServiceServer:
             await self._server.wait_for_termination()
 
 
-async def serve(server: ServiceServer, stop_event: asyncio.Event | None = None) -> None:
-    """Run ``server`` until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain.
+@contextlib.contextmanager
+def stop_on_signals(stop_event: asyncio.Event | None = None):
+    """An event set by SIGTERM or SIGINT while the block runs (in the running event loop).
 
-    The signal handlers stay installed while draining, so a second SIGTERM cannot cut the drain short.
+    The handlers stay installed until the block ends, drain included, so a second signal cannot cut a
+    drain short (it is logged). Where signals cannot be handled (not the main thread), only the caller
+    sets the event.
     """
     stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -251,14 +269,20 @@ async def serve(server: ServiceServer, stop_event: asyncio.Event | None = None) 
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
     try:
-        await server.start()
-        await stop_event.wait()
+        yield stop_event
     finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+async def serve(server: ServiceServer, stop_event: asyncio.Event | None = None) -> None:
+    """Run ``server`` until ``stop_event`` is set (by default: on SIGTERM or SIGINT), then drain."""
+    with stop_on_signals(stop_event) as stop:
         try:
-            await server.stop()
+            await server.start()
+            await stop.wait()
         finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
+            await server.stop()
 
 
 def configure_logging(level: str = "INFO") -> None:
