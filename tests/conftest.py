@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny scorer exported once per session, and real Triton servers serving it."""
+"""Shared fixtures: a tiny scorer exported once per session, real Triton servers serving it, and the
+packaged teacher loaded once per session."""
 
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ def start_triton(repository: Path, grpc_port: int = 0, **overrides) -> TritonSer
         **overrides,
     )
     return TritonServer(config).start()
+
+
+@pytest.fixture(scope="session")
+def packaged_teacher():
+    """The packaged SmolLM2 teacher, ``load_teacher("default")`` (the GGUF de-quantized: about 30 s on
+    2 cores), loaded once for the slow tests that all read it; no test may change its weights."""
+    from slimserve.models.teacher import load_teacher
+
+    return load_teacher("default")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
@@ -29,6 +29,9 @@ from ..tokenization import PromptTokenizer, bucket_for, pad_batch
 from .model_card import scorer_model_card
 from .parity import ParityReport, check_multi_item_parity, check_scorer_parity
 from .scoring_layout import ScoringLayout
+
+if TYPE_CHECKING:
+    from ..models.teacher import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +225,13 @@ def export_checked_multi_item_onnx(
     return files, parity
 
 
-def export_scorer(config: ScorerExportConfig, command: str | None = None) -> ExportResult:
-    """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity."""
+def export_scorer(
+    config: ScorerExportConfig, command: str | None = None, loaded: LoadedModel | None = None
+) -> ExportResult:
+    """Export ``config.teacher`` as a scorer into the repository; raise ``ExportError`` on failed parity.
+
+    ``loaded``: that teacher already loaded (``load_teacher(config.teacher, seed=config.seed)``), so a
+    caller exporting it more than once loads it once; unset: loaded here."""
     from ..models.scorer_graph import ScorerGraph
     from ..models.teacher import load_teacher
     from .repository import publish_version
@@ -231,9 +239,10 @@ def export_scorer(config: ScorerExportConfig, command: str | None = None) -> Exp
     from .triton_config import check_against_onnx
 
     seconds: dict[str, float] = {}
-    started = time.perf_counter()
-    loaded = load_teacher(config.teacher, seed=config.seed)
-    seconds["load"] = time.perf_counter() - started
+    if loaded is None:
+        started = time.perf_counter()
+        loaded = load_teacher(config.teacher, seed=config.seed)
+        seconds["load"] = time.perf_counter() - started
 
     buckets = tuple(sorted(config.length_buckets))
     tokenizer = PromptTokenizer(loaded.tokenizer_file, max_length=max(buckets))
