@@ -66,6 +66,20 @@ def test_every_stage_runs_and_the_int8_student_is_published(built):
     assert "| pruned + re-distilled |" in card and "slimserve build" in card
 
 
+def test_a_generator_setting_changed_keeps_the_published_scorer(built):
+    from slimserve.buildstage.runner import published_entry
+
+    recipe, result = built
+    assert published_entry(recipe, "scorer")["version"] == result.published.version
+    gates = recipe.generator.gates.model_copy(update={"max_kl_increase": 0.5})
+    generator = recipe.generator.model_copy(update={"gates": gates})
+    changed = recipe.model_copy(update={"generator": generator})
+    assert published_entry(changed, "scorer") == published_entry(recipe, "scorer")  # no new scorer
+    assert published_entry(changed, "generator") is None  # the generator is rebuilt and published
+    student = recipe.student.model_copy(update={"layers": recipe.student.layers + 1})
+    assert published_entry(recipe.model_copy(update={"student": student}), "scorer") is None
+
+
 def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog):
     recipe, first = built
     work = recipe.resolved_work_dir()

@@ -221,12 +221,18 @@ def _write_report(recipe: Recipe, result: BuildResult, command: str) -> str:
 PUBLISH_DIR = "publish"
 
 
-def _publish_config(recipe: Recipe) -> dict:
-    from ..prompts import SCORING_TEMPLATE_VERSION
+def _publish_config(recipe: Recipe, kind: str) -> dict:
+    """What a published ``kind`` depends on: the scorer on the recipe but its ``generator`` section (a
+    generator setting changed must not publish a new scorer version), the generator on all of it."""
+    from ..prompts import EXPLAIN_TEMPLATE_VERSION, SCORING_TEMPLATE_VERSION
 
+    if kind == "scorer":
+        dumped = recipe.model_dump(mode="json", exclude={"work_dir", "generator"})
+        return {"recipe": dumped, "prompt_template": SCORING_TEMPLATE_VERSION}
     return {
         "recipe": recipe.model_dump(mode="json", exclude={"work_dir"}),
         "prompt_template": SCORING_TEMPLATE_VERSION,
+        "explain_template": EXPLAIN_TEMPLATE_VERSION,
     }
 
 
@@ -256,7 +262,7 @@ def published_entry(recipe: Recipe, kind: str) -> dict | None:
         entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if entry.get("config_hash") != artifacts.config_hash(_publish_config(recipe)):
+    if entry.get("config_hash") != artifacts.config_hash(_publish_config(recipe, kind)):
         return None
     latest = _latest(recipe, kind)
     if latest is None or (latest.model_version, latest.content_hash) != (
@@ -292,7 +298,7 @@ def _publish_once(recipe: Recipe, kind: str, publish, stages_ran: bool):
     if published is not None and latest is not None:
         path = published if kind == "generator" else published.path
         record = {
-            "config_hash": artifacts.config_hash(_publish_config(recipe)),
+            "config_hash": artifacts.config_hash(_publish_config(recipe, kind)),
             "version": latest.model_version,
             "content_hash": latest.content_hash,
             "path": str(path),
