@@ -1,5 +1,8 @@
-"""Shared fixtures: a tiny scorer exported once per session, real Triton servers serving it, and the
-packaged teacher loaded once per session."""
+"""Shared fixtures: a tiny scorer exported once per session, real Triton servers serving it, the tiny
+generator repository and the packaged teacher, each made once per session.
+
+A session fixture is made once only where it is defined here: imported into several test modules, pytest
+registers it once per module and builds it in each."""
 
 from __future__ import annotations
 
@@ -47,6 +50,17 @@ def start_triton(repository: Path, grpc_port: int = 0, **overrides) -> TritonSer
         **overrides,
     )
     return TritonServer(config).start()
+
+
+@pytest.fixture(scope="session")
+def generator_repository(tmp_path_factory) -> Path:
+    """A model repository holding the tiny random generator (4 slots, queue of 8): the real export; read
+    only (tests that publish into a repository copy it)."""
+    from slimserve.export.generator_repository import build_tiny_generator_repository
+
+    repository = tmp_path_factory.mktemp("generator") / "model_repository"
+    build_tiny_generator_repository(repository, max_active_sequences=4, max_queued_requests=8)
+    return repository
 
 
 @pytest.fixture(scope="session")

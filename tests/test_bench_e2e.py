@@ -19,7 +19,6 @@ from slimserve.bench.workload import Workload, load_calls, load_workload
 from slimserve.bundle import bundle_dir_for
 from slimserve.cli import main
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
-from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
 
 
 def read_csv(path) -> list[dict]:

@@ -36,7 +36,6 @@ from slimserve.triton_models.generator import (
     parse_request,
     penalize_repeats,
 )
-from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (session fixture)
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_new_tokens_limit=32)
 
@@ -268,9 +267,9 @@ def test_onnx_greedy_matches_pytorch_for_prompts_of_different_lengths(published,
 
 
 @pytest.mark.slow
-def test_packaged_teacher_exports_with_parity_and_int8(tmp_path):
+def test_packaged_teacher_exports_with_parity_and_int8(tmp_path, packaged_teacher):
     """SmolLM2-135M: FP32 greedy parity on explanation prompts, then the INT8 graph published."""
-    teacher = load_teacher("default")
+    teacher = packaged_teacher
     config = GeneratorExportConfig(
         model_repository=tmp_path / "repo", quantize="int8", source_model=teacher.name, parity_tokens=16
     )

@@ -178,8 +178,8 @@ def test_unsupported_decoders_are_refused():
 
 
 @pytest.mark.slow
-def test_packaged_teacher_multi_item_equals_single_sequence(tokenizer):
-    lm = load_teacher("default").model
+def test_packaged_teacher_multi_item_equals_single_sequence(tokenizer, packaged_teacher):
+    lm = packaged_teacher.model
     graph = ScorerGraph(lm, tokenizer.token_id(" Yes"), tokenizer.token_id(" No")).eval()
     tokens = encode_scoring(tokenizer, EXAMPLE_MEMBER, mixed_candidates(6), SPLIT)
     multi = multi_scores(MultiItemScorer(graph).eval(), [tokens], item_length=128)[0]

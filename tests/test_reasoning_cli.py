@@ -10,7 +10,6 @@ import subprocess
 import psutil
 
 from slimserve.serving.triton.launcher import free_port
-from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
 from tests.test_cli import CLI, _read_until, run_cli
 
 METADATA = re.compile(

@@ -34,7 +34,6 @@ from slimserve.serving.reasoning.server import ReasoningServer
 from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
 from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
-from tests.reasoning_fixtures import generator_repository_fixture  # noqa: F401  (fixture)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
