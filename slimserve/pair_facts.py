@@ -87,13 +87,15 @@ class PairFacts:
         return self.location_fit in (SAME_CITY, REMOTE_OPEN)
 
 
-def _level_gap(member: Seniority, item: Seniority) -> int | None:
+def level_gap(member: Seniority, item: Seniority) -> int | None:
+    """Item level minus member level in ``Seniority`` steps (None when either is unspecified)."""
     if Seniority.UNSPECIFIED in (member, item):
         return None
     return _LEVELS.index(item) - _LEVELS.index(member)
 
 
-def _location_fit(member: Member, item: Item) -> str:
+def location_fit(member: Member, item: Item) -> str:
+    """``SAME_CITY``, ``REMOTE_OPEN``, ``REMOTE_CLOSED`` or ``OTHER_CITY``."""
     if item.remote:
         return REMOTE_OPEN if member.open_to_remote else REMOTE_CLOSED
     if member.location and member.location == item.location:
@@ -120,10 +122,10 @@ def pair_facts(member: Member, item: Item) -> PairFacts:
     return PairFacts(
         shared_skills=tuple(s for s in required if s in owned),
         missing_skills=tuple(s for s in required if s not in owned),
-        level_gap=_level_gap(member.seniority, item.seniority),
+        level_gap=level_gap(member.seniority, item.seniority),
         member_level=_LEVEL_TEXT.get(member.seniority, ""),
         item_level=_LEVEL_TEXT.get(item.seniority, ""),
-        location_fit=_location_fit(member, item),
+        location_fit=location_fit(member, item),
         member_city=member.location,
         item_city=item.location,
         industry_match=bool(item.industry) and item.industry in member.industries,

@@ -6,7 +6,17 @@ service, so a model is never served with a prompt it was not trained and exporte
 
 from __future__ import annotations
 
-from .pair_facts import REMOTE_CLOSED, REMOTE_OPEN, SAME_CITY, PairFacts, pair_facts, verdict_of
+from .pair_facts import (
+    OTHER_CITY,
+    REMOTE_CLOSED,
+    REMOTE_OPEN,
+    SAME_CITY,
+    PairFacts,
+    level_gap,
+    location_fit,
+    pair_facts,
+    verdict_of,
+)
 from .schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 
 SCORING_TEMPLATE_VERSION = "scoring-v5"
@@ -90,25 +100,25 @@ def render_item(item: Item) -> str:
     return text
 
 
-_LEVELS = [level for level in Seniority if level is not Seniority.UNSPECIFIED]
-
-
-def _level_match(member: Seniority, item: Seniority) -> str:
-    if Seniority.UNSPECIFIED in (member, item):
-        return "level unknown"
-    gap = _LEVELS.index(item) - _LEVELS.index(member)
-    if gap == 0:
-        return "same level"
+def _gap_text(gap: int) -> str:
+    """A non-zero level gap as the prompts say it: "1 level above the member", "2 levels below the member"."""
     steps = "1 level" if abs(gap) == 1 else f"{abs(gap)} levels"
     return f"{steps} {'above' if gap > 0 else 'below'} the member"
 
 
-def _location_match(member: Member, item: Item) -> str:
-    if item.remote:
-        return "remote, member open to remote" if member.open_to_remote else "remote, member not open to it"
-    if member.location and member.location == item.location:
-        return "same city"
-    return "other city"
+def _level_match(member: Seniority, item: Seniority) -> str:
+    gap = level_gap(member, item)
+    if gap is None:
+        return "level unknown"
+    return "same level" if gap == 0 else _gap_text(gap)
+
+
+_LOCATION_MATCH = {
+    REMOTE_OPEN: "remote, member open to remote",
+    REMOTE_CLOSED: "remote, member not open to it",
+    SAME_CITY: "same city",
+    OTHER_CITY: "other city",
+}
 
 
 def render_match(member: Member, item: Item) -> str:
@@ -122,7 +132,7 @@ def render_match(member: Member, item: Item) -> str:
     industry = "member's industry" if item.industry in member.industries else "new industry"
     return (
         f"Match: {len(shared)} of {len(required)} skills; "
-        f"{_level_match(member.seniority, item.seniority)}; {_location_match(member, item)}; {industry}\n"
+        f"{_level_match(member.seniority, item.seniority)}; {_LOCATION_MATCH[location_fit(member, item)]}; {industry}\n"
     )
 
 
@@ -180,8 +190,7 @@ def _level_fact(f: PairFacts) -> str:
         return "not comparable (a level is not stated)"
     if f.level_gap == 0:
         return f"{f.item_level}, the member's level"
-    steps = "1 level" if abs(f.level_gap) == 1 else f"{abs(f.level_gap)} levels"
-    return f"{f.item_level}, {steps} {'above' if f.level_gap > 0 else 'below'} the member ({f.member_level})"
+    return f"{f.item_level}, {_gap_text(f.level_gap)} ({f.member_level})"
 
 
 def _location_fact(f: PairFacts) -> str:
@@ -230,9 +239,10 @@ def render_facts(member: Member, item: Item) -> str:
     return "Facts:\n" + "\n".join(lines) + "\n"
 
 
-def _item_header(item: Item) -> str:
-    """The item's first line (kind, title, company, level, place, industry), as ``render_item`` writes it."""
-    return render_item(item).split("\n", 1)[0] + "\n"
+def _first_line(text: str) -> str:
+    """The first line of a rendered block (``render_member``: headline, level, place; ``render_item``:
+    kind, title, company, level, place, industry), with its newline."""
+    return text.split("\n", 1)[0] + "\n"
 
 
 def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
@@ -254,8 +264,8 @@ def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TE
             f"unknown explain template {version!r}; known: {', '.join(SERVED_EXPLAIN_TEMPLATES)}"
         )
     return (
-        f"{render_member(member).split(chr(10), 1)[0]}\n"
-        f"{_item_header(item)}"
+        f"{_first_line(render_member(member))}"
+        f"{_first_line(render_item(item))}"
         f"{render_facts(member, item)}"
         f'Start with the verdict, then explain it to the member (as "you") in two or three sentences, '
         f"using only these facts."

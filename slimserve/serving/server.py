@@ -8,8 +8,9 @@ a second, plaintext server answers only grpc.health.v1 (the same statuses), for 
 ``stop`` drains: health goes NOT_SERVING, new RPCs are refused, in-flight ones get ``grace`` seconds, then
 the Triton client closes.
 ``start_ready`` starts one and waits for its model (``slimserve up``); ``stop_on_signals`` is the
-SIGTERM/SIGINT handling of both. ``run_service`` runs one until SIGTERM or SIGINT. The services' servers: ``serving.scoring.server``
-(``ScoringServer``) and ``serving.reasoning.server`` (``ReasoningServer``).
+SIGTERM/SIGINT handling of both. ``run_service`` runs one until SIGTERM or SIGINT. The services'
+servers: ``serving.scoring.server`` (``ScoringServer``) and ``serving.reasoning.server``
+(``ReasoningServer``).
 """
 
 from __future__ import annotations
