@@ -1,7 +1,7 @@
 """The observable facts of a (member, item) pair and the verdict they call for. Pure Python.
 
 Shared by the build (the written explanations of ``data.explanations``, the grounding evaluation) and
-the reasoning service (the ``explain-v2`` prompt states these facts, so the generator explains what was
+the reasoning service (the ``explain-v2`` and ``explain-v3`` prompts state these facts, so the generator explains what was
 computed instead of computing it).
 
 **Facts** (``pair_facts``): the item's required skills the member has (shared) and lacks (missing), the
@@ -85,6 +85,15 @@ class PairFacts:
     @property
     def location_works(self) -> bool:
         return self.location_fit in (SAME_CITY, REMOTE_OPEN)
+
+
+def join_words(values) -> str:
+    """``A``, ``A and B``, ``A, B and C``: a list as the written explanations say it (and the
+    ``explain-v3`` prompt states it, so the generator copies a span instead of re-punctuating a list)."""
+    values = list(values)
+    if len(values) <= 1:
+        return "".join(values)
+    return ", ".join(values[:-1]) + " and " + values[-1]
 
 
 def level_gap(member: Seniority, item: Seniority) -> int | None:

@@ -6,12 +6,15 @@ service, so a model is never served with a prompt it was not trained and exporte
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .pair_facts import (
     OTHER_CITY,
     REMOTE_CLOSED,
     REMOTE_OPEN,
     SAME_CITY,
     PairFacts,
+    join_words,
     level_gap,
     location_fit,
     pair_facts,
@@ -173,9 +176,12 @@ def render_scoring_prompt(member: Member, item: Item, version: str = SCORING_TEM
 # of a chat wrapped by `render_chat_prompt`, so an instruction-tuned teacher sees the format it was
 # trained on. ``explain-v2`` states the pair's computed facts (``slimserve.pair_facts``: shared and
 # missing skills, level gap, location fit, industry, relevant activity, the verdict they call for) so the
-# model explains them instead of computing them; ``explain-v1`` (profile and item only) is still served.
-EXPLAIN_TEMPLATE_VERSION = "explain-v2"
-OLDER_EXPLAIN_TEMPLATES = ("explain-v1",)
+# model explains them instead of computing them. ``explain-v3`` states the same facts with each skill list
+# counted ("2 of 3 required") and punctuated as the explanations say it ("A, B and C"), so a small
+# student copies a span rather than deciding where a list ends. ``explain-v2`` and ``explain-v1``
+# (profile and item only) are still served.
+EXPLAIN_TEMPLATE_VERSION = "explain-v3"
+OLDER_EXPLAIN_TEMPLATES = ("explain-v2", "explain-v1")
 SERVED_EXPLAIN_TEMPLATES = (EXPLAIN_TEMPLATE_VERSION, *OLDER_EXPLAIN_TEMPLATES)
 EXPLAIN_SYSTEM_PROMPT = "You are a helpful career assistant."
 END_OF_TURN = "<|im_end|>"
@@ -203,12 +209,12 @@ def _location_fact(f: PairFacts) -> str:
     return f"on site in {f.item_city or 'an unstated city'}; the member is in {f.member_city or 'an unstated city'}"
 
 
-def _industry_fact(f: PairFacts) -> str:
+def _industry_fact(f: PairFacts, listed: Callable[[tuple[str, ...]], str]) -> str:
     if not f.item_industry:
         return "not stated"
     if f.industry_match:
         return f"{f.item_industry}, one of the member's industries"
-    return f"{f.item_industry}, new to the member (the member's: {_listed(f.member_industries)})"
+    return f"{f.item_industry}, new to the member (the member's: {listed(f.member_industries)})"
 
 
 def _activity_fact(f: PairFacts) -> str | None:
@@ -222,15 +228,37 @@ def _activity_fact(f: PairFacts) -> str | None:
     return f"{_ACTIVITY_TEXT[a.kind]} {a.item_title}{at} ({where})"
 
 
-def render_facts(member: Member, item: Item) -> str:
-    """The facts block of an ``explain-v2`` prompt: what ``pair_facts`` computes, one fact a line."""
+def _spoken_list(values: tuple[str, ...]) -> str:
+    return join_words(values) or "none"
+
+
+def _skill_facts(f: PairFacts, version: str) -> list[str]:
+    if version == "explain-v2":
+        return [
+            f"- skills the member has: {_listed(f.shared_skills)}",
+            f"- skills the member lacks: {_listed(f.missing_skills)}",
+        ]
+    required = len(f.shared_skills) + len(f.missing_skills)
+    if not required:
+        return ["- required skills: none listed"]
+    return [
+        f"- skills the member has ({len(f.shared_skills)} of {required} required): "
+        f"{_spoken_list(f.shared_skills)}",
+        f"- skills the member lacks ({len(f.missing_skills)} of {required} required): "
+        f"{_spoken_list(f.missing_skills)}",
+    ]
+
+
+def render_facts(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
+    """The facts block of an ``explain-v2``/``explain-v3`` prompt: what ``pair_facts`` computes, one
+    fact a line."""
     f = pair_facts(member, item)
+    listed = _listed if version == "explain-v2" else _spoken_list
     lines = [
-        f"- skills the member has: {_listed(f.shared_skills)}",
-        f"- skills the member lacks: {_listed(f.missing_skills)}",
+        *_skill_facts(f, version),
         f"- level: {_level_fact(f)}",
         f"- location: {_location_fact(f)}",
-        f"- industry: {_industry_fact(f)}",
+        f"- industry: {_industry_fact(f, listed)}",
     ]
     activity = _activity_fact(f)
     if activity is not None:
@@ -248,8 +276,8 @@ def _first_line(text: str) -> str:
 def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
     """The user message asking for a short explanation of why ``item`` suits ``member`` (or does not).
 
-    ``explain-v2``: the member's first profile line, the item's first line and the pair's facts, then the
-    instruction. ``explain-v1``: the whole profile and item, no facts.
+    ``explain-v3``/``explain-v2``: the member's first profile line, the item's first line and the pair's
+    facts (``render_facts``), then the instruction. ``explain-v1``: the whole profile and item, no facts.
     """
     kind = _KIND_TEXT[item.kind]
     if version == "explain-v1":
@@ -259,14 +287,14 @@ def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TE
             f"In two or three sentences, explain to this member why this {kind} does or does not suit them. "
             f"Mention their skills, level, location and industries where they matter."
         )
-    if version != EXPLAIN_TEMPLATE_VERSION:
+    if version not in SERVED_EXPLAIN_TEMPLATES:
         raise ValueError(
             f"unknown explain template {version!r}; known: {', '.join(SERVED_EXPLAIN_TEMPLATES)}"
         )
     return (
         f"{_first_line(render_member(member))}"
         f"{_first_line(render_item(item))}"
-        f"{render_facts(member, item)}"
+        f"{render_facts(member, item, version)}"
         f'Start with the verdict, then explain it to the member (as "you") in two or three sentences, '
         f"using only these facts."
     )

@@ -17,7 +17,7 @@ from slimserve.evaluation.grounding import (
     parse_verdict,
     summarize,
 )
-from slimserve.pair_facts import VERDICTS, pair_facts, verdict_for
+from slimserve.pair_facts import VERDICTS, join_words, pair_facts, verdict_for
 from slimserve.prompts import EXPLAIN_TEMPLATE_VERSION, SERVED_EXPLAIN_TEMPLATES, render_explain_request
 from slimserve.schema import Activity, ActivityKind, Item, Member, Seniority
 
@@ -105,8 +105,8 @@ def test_explanation_states_the_facts_and_only_them():
 
 def test_explain_prompt_states_the_computed_facts_and_only_the_pairs_terms():
     text = render_explain_request(MEMBER, item(location="Paris"))
-    assert "- skills the member has: python, sql\n" in text
-    assert "- skills the member lacks: kubernetes\n" in text
+    assert "- skills the member has (2 of 3 required): python and sql\n" in text
+    assert "- skills the member lacks (1 of 3 required): kubernetes\n" in text
     assert "- level: senior, the member's level\n" in text
     assert "- location: on site in Paris; the member is in Berlin\n" in text
     assert "- industry: software, one of the member's industries\n" in text
@@ -128,10 +128,21 @@ def test_explain_prompt_states_the_computed_facts_and_only_the_pairs_terms():
 
 def test_explain_prompt_versions(pairs):
     for member, item_ in pairs[:50]:  # every synthetic pair renders, and the verdict line is the rule's
-        assert f"- verdict: {verdict_for(member, item_)}\n" in render_explain_request(member, item_)
+        prompt = render_explain_request(member, item_)
+        assert f"- verdict: {verdict_for(member, item_)}\n" in prompt
+        facts = pair_facts(member, item_)
+        for skills in (facts.shared_skills, facts.missing_skills):  # the lists as explanations say them
+            assert not skills or f"): {join_words(skills)}\n" in prompt
     old = render_explain_request(MEMBER, ITEM, "explain-v1")
     assert "Facts:" not in old and "Member skills: python, sql, docker, aws" in old
-    assert EXPLAIN_TEMPLATE_VERSION in SERVED_EXPLAIN_TEMPLATES and "explain-v1" in SERVED_EXPLAIN_TEMPLATES
+    v2 = render_explain_request(MEMBER, item(location="Paris"), "explain-v2")  # lists as v2 served them
+    assert "- skills the member has: python, sql\n- skills the member lacks: kubernetes\n" in v2
+    none_required = render_explain_request(MEMBER, item(required_skills=[]))
+    assert (
+        "- required skills: none listed\n" in none_required and "skills the member has" not in none_required
+    )
+    assert EXPLAIN_TEMPLATE_VERSION in SERVED_EXPLAIN_TEMPLATES
+    assert {"explain-v1", "explain-v2"} <= set(SERVED_EXPLAIN_TEMPLATES)
     with pytest.raises(ValueError, match="unknown explain template 'explain-v0'"):
         render_explain_request(MEMBER, ITEM, "explain-v0")
 

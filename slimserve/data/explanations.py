@@ -3,7 +3,7 @@
 The generator teacher is fine-tuned on these before it is distilled (docs/generator-build.md), so the
 student learns to explain a recommendation from what the profile and the item actually say. Pure Python.
 The facts and the verdict rule live in ``slimserve.pair_facts`` (the reasoning service states them in
-the ``explain-v2`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
+the ``explain-v3`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
 and 12% engaged; docs/generator-build.md).
 
 **Wording** (``write_explanation``): the verdict sentence, then the skills sentence (always second, so a
@@ -22,18 +22,12 @@ from ..pair_facts import (
     REMOTE_OPEN,
     SAME_CITY,
     PairFacts,
+    join_words,
     pair_facts,
     verdict_of,
 )
 from ..schema import ActivityKind, Item, Member
 from . import vocab
-
-
-def _join(values) -> str:
-    values = list(values)
-    if len(values) <= 1:
-        return "".join(values)
-    return ", ".join(values[:-1]) + " and " + values[-1]
 
 
 def _steps(n: int) -> str:
@@ -56,7 +50,7 @@ def _verdict_sentence(rng: random.Random, verdict: str, f: PairFacts) -> str:
 
 
 def _skills_sentence(rng: random.Random, f: PairFacts) -> str:
-    shared, missing = _join(f.shared_skills), _join(f.missing_skills)
+    shared, missing = join_words(f.shared_skills), join_words(f.missing_skills)
     if not f.shared_skills and not f.missing_skills:
         return rng.choice(
             (
@@ -157,7 +151,7 @@ def _industry_sentence(rng: random.Random, f: PairFacts) -> str:
                 f"{_capitalize(industry)} is an industry you work in.",
             )
         )
-    yours = _join(f.member_industries)
+    yours = join_words(f.member_industries)
     options = [
         f"{_capitalize(industry)} would be a new industry for you.",
         f"{company} is in {industry}, new to you.",
