@@ -175,6 +175,13 @@ def test_resume_skips_finished_generator_stages(built, caplog):
     ]
 
 
+def test_a_finished_build_run_again_never_loads_a_teacher(built):
+    recipe = built[0]
+    again, seconds = standalone_context(recipe), {}
+    assert [r.stage for r in run_generator(again, seconds)] == EXPECTED and not seconds  # all skipped
+    assert again._teacher is None  # neither the teacher as loaded nor the fine-tuned one
+
+
 def test_gate_above_what_was_reached_fails_the_build_and_publishes_nothing(built, tmp_path):
     from slimserve.buildstage.runner import _report_and_publish
 

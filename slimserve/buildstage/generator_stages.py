@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
 
@@ -46,16 +46,28 @@ class GeneratorContext:
 
     recipe: Recipe
     data: BuildData
-    teacher: object  # the original causal LM (eval mode)
+    load_teacher: Callable[[], object]  # the teacher (a causal LM in eval mode), loaded on first use
     tokenizer_file: Path
     work: Path
     end_ids: list[int]
     source: str  # the teacher's name (recorded in the published bundle)
     device: str = "cpu"
+    _teacher: object = field(default=None, init=False, repr=False)
 
     @property
     def settings(self) -> GeneratorSettings:
         return self.recipe.generator
+
+    @property
+    def teacher(self):
+        """The teacher of the stage that runs: the original model, then the fine-tuned one."""
+        if self._teacher is None:
+            self._teacher = self.load_teacher()
+        return self._teacher
+
+    def replace_teacher(self, load: Callable[[], object]) -> None:
+        """From now on the teacher is what ``load`` returns (loaded when a stage first needs it)."""
+        self.load_teacher, self._teacher = load, None
 
     def load_student(self, stage: str):
         """A stage's saved model, on the generator's device."""
@@ -470,7 +482,7 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
         stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))
         by_stage[stage] = load_rows(ctx.work / stage)  # as saved, whether run now or before
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
-            ctx.teacher = ctx.load_student(stage).eval()
+            ctx.replace_teacher(lambda: ctx.load_student("gen_finetune").eval())
     attach_grounding(ctx, by_stage)
     rows = [row for stage_rows in by_stage.values() for row in stage_rows]
     check_gates(ctx.settings, rows)
@@ -502,9 +514,8 @@ def publish(ctx: GeneratorContext) -> Path:
 
 
 def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorContext:
-    """The generator stages' context, with a copy of the teacher taken before anything trains it."""
-    import copy
-
+    """The generator stages' context; its teacher is an own copy of ``loaded`` (a ``LazyTeacher``),
+    taken when a stage first needs it."""
     import torch
 
     from ..compression.generation_data import end_token_ids
@@ -514,20 +525,28 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise UserError("generator.device: 'cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
-    teacher = copy.deepcopy(loaded.model).eval().to(device)
     work = recipe.resolved_work_dir()
     end_ids = end_token_ids(loaded.tokenizer_file)
-    return GeneratorContext(recipe, data, teacher, loaded.tokenizer_file, work, end_ids, loaded.name, device)
+    return GeneratorContext(
+        recipe,
+        data,
+        lambda: loaded.fresh().to(device),
+        loaded.tokenizer_file,
+        work,
+        end_ids,
+        loaded.name,
+        device,
+    )
 
 
 def standalone_context(recipe: Recipe) -> GeneratorContext:
     """The generator stages' context without the scorer's stages (data written or reused, teacher loaded)."""
-    from ..models.teacher import load_teacher
+    from ..models.teacher import LazyTeacher
 
     work = recipe.resolved_work_dir()
     work.mkdir(parents=True, exist_ok=True)
     dataset = dataset_dir(recipe, work)
-    loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
+    loaded = LazyTeacher(recipe.teacher.source, seed=recipe.teacher.seed)
     return generator_context(recipe, prepare_data(recipe, dataset, loaded.tokenizer_file), loaded)
 
 

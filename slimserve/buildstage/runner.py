@@ -64,7 +64,7 @@ def run_build(
     With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
     meanwhile); without it, a failing generator gate publishes nothing."""
-    from ..models.teacher import load_teacher
+    from ..models.teacher import LazyTeacher
     from .int8_stage import publish, run_int8, run_teacher_speed
     from .stages import run_distill, run_prune, run_redistill, run_teacher
 
@@ -88,13 +88,13 @@ def run_build(
     started = time.perf_counter()
     dataset = dataset_dir(recipe, work)
     seconds["data"] = time.perf_counter() - started
-    loaded = load_teacher(recipe.teacher.source, seed=recipe.teacher.seed)
+    loaded = LazyTeacher(recipe.teacher.source, seed=recipe.teacher.seed)  # weights load when a stage runs
     data: BuildData = prepare_data(recipe, dataset, loaded.tokenizer_file)
     generator = None
-    if recipe.generator is not None:  # before the teacher stage trains loaded.model for scoring
+    if recipe.generator is not None:
         generator = generator_stages.generator_context(recipe, data, loaded)
 
-    rows = list(timed("teacher", lambda out: run_teacher(recipe, data, loaded.model, out)))
+    rows = list(timed("teacher", lambda out: run_teacher(recipe, data, loaded.fresh(), out)))
     teacher_auc = rows[-1].test_auc
     rows[0].retention, rows[-1].retention = rows[0].test_auc / teacher_auc, 1.0
     teacher_dir = work / "teacher"

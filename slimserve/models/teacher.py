@@ -1,16 +1,20 @@
 """Load the model to export: the packaged SmolLM2 teacher, a tiny random Llama, or any HF directory.
 
 Every source yields a ``LoadedModel``: a float32 causal LM in eval mode and the path of a fast-tokenizer
-``tokenizer.json`` (what the services load with the Rust ``tokenizers`` library).
+``tokenizer.json`` (what the services load with the Rust ``tokenizers`` library). ``LazyTeacher`` is the
+build's handle: its tokenizer and name come without the weights, which load on first use (a finished
+build, run again, needs only the tokenizer).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..cache import cache_dir
@@ -102,6 +106,10 @@ def tiny_llama_config(vocab_size: int, seed_layers: int = 2):
     )
 
 
+def _tiny_name(seed: int) -> str:
+    return f"tiny-llama-random-seed{seed}"
+
+
 def _load_tiny(seed: int) -> LoadedModel:
     import torch
     from tokenizers import Tokenizer
@@ -111,7 +119,7 @@ def _load_tiny(seed: int) -> LoadedModel:
     vocab = Tokenizer.from_file(str(tokenizer_file)).get_vocab_size()
     torch.manual_seed(seed)
     model = LlamaForCausalLM(tiny_llama_config(vocab))
-    return LoadedModel(model.eval(), tokenizer_file, f"tiny-llama-random-seed{seed}")
+    return LoadedModel(model.eval(), tokenizer_file, _tiny_name(seed))
 
 
 def _load_directory(path: Path) -> LoadedModel:
@@ -135,3 +143,40 @@ def load_teacher(source: str, seed: int = 0) -> LoadedModel:
     if source == TINY_TEACHER:
         return _load_tiny(seed)
     return _load_directory(Path(source))
+
+
+class LazyTeacher:
+    """``load_teacher(source, seed)`` deferred: ``tokenizer_file`` and ``name`` without loading the weights
+    (for the packaged and the tiny teacher), ``fresh()`` an own copy of the weights as loaded, which load
+    once, on the first call. Each consumer trains its own copy; the loaded one stays as it was."""
+
+    def __init__(self, source: str, seed: int = 0):
+        self.source, self.seed = source, seed
+
+    @cached_property
+    def _loaded(self) -> LoadedModel:
+        log.info("teacher %r: loading its weights (a stage needs them)", self.source)
+        return load_teacher(self.source, seed=self.seed)
+
+    @property
+    def _weightless(self) -> bool:
+        return self.source in (DEFAULT_TEACHER, TINY_TEACHER)
+
+    @cached_property
+    def tokenizer_file(self) -> Path:
+        return default_tokenizer_file() if self._weightless else self._loaded.tokenizer_file
+
+    @property
+    def name(self) -> str:
+        if self.source == DEFAULT_TEACHER:
+            return DEFAULT_TEACHER_NAME
+        return _tiny_name(self.seed) if self.source == TINY_TEACHER else self._loaded.name
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights were loaded."""
+        return "_loaded" in self.__dict__
+
+    def fresh(self):
+        """A deep copy of the teacher as loaded (eval mode)."""
+        return copy.deepcopy(self._loaded.model).eval()
