@@ -12,10 +12,18 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import UserError, classify_failure
+from .errors import classify_failure
 from .signals import exit_on_sigterm
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_STAGE_FAILED = 0, 1, 2
+# What ``slimserve --help`` tells a user (the module docstring above is for developers).
+DESCRIPTION = (
+    "Distil a recommendation LLM into small students, publish them into a Triton model repository and "
+    "serve them over gRPC: Score ranks candidates for a member, Explain says why one fits. "
+    "`slimserve up` does it all (builds the default recipe unless it is published, starts Triton and the "
+    "services, answers a sample request, serves); `build`, `export`, `triton`, `serve`, `score` and "
+    "`bench` run one step at a time."
+)
 
 log = logging.getLogger("slimserve")
 
@@ -103,50 +111,23 @@ def _add_data(sub) -> None:
 
 # -- triton -------------------------------------------------------------------------------------------
 def _add_triton(sub) -> None:
+    from .settings import add_config_flags
+    from .triton_config import TritonConfig
+
     parser = sub.add_parser("triton", help="run the Triton server alone on a model repository")
-    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to expose)")
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for readiness")
-    tls = parser.add_argument_group("gRPC TLS (Triton's --grpc-use-ssl; default: plaintext)")
-    tls.add_argument("--grpc-server-cert", type=Path, help="server certificate (PEM): gRPC speaks TLS only")
-    tls.add_argument("--grpc-server-key", type=Path, help="private key (PEM) of --grpc-server-cert")
-    tls.add_argument("--grpc-root-cert", type=Path, help="CA (PEM) of client certificates: mTLS")
+    parser.add_argument("--config", type=Path, help="YAML/JSON file with TritonConfig settings")
+    add_config_flags(parser, TritonConfig)
     parser.set_defaults(handler=_run_triton)
 
 
-def _triton_config(args: argparse.Namespace, **overrides):
-    from .serving.triton.launcher import TritonServerConfig
-
-    repository = Path(args.model_repository)
-    if not repository.is_dir():
-        raise UserError(f"--model-repository {repository} does not exist; run `slimserve export` first")
-    settings = dict(
-        model_repository=repository.resolve(),
-        host=args.host,
-        grpc_port=args.grpc_port,
-        http_port=args.http_port,
-        metrics_port=args.metrics_port,
-        startup_timeout_s=args.startup_timeout,
-    )
-    settings.update(overrides)
-    return TritonServerConfig(**settings)
-
-
 def _run_triton(args: argparse.Namespace) -> int:
-    from .serving.triton.launcher import TritonGrpcTls, TritonServer
+    from .serving.triton.launcher import TritonServer
+    from .settings import config_from_args
     from .signals import wait_for_stop_signal
+    from .triton_config import TritonConfig
 
-    grpc_tls = None
-    if args.grpc_server_cert or args.grpc_server_key or args.grpc_root_cert:
-        if not (args.grpc_server_cert and args.grpc_server_key):
-            raise UserError(
-                "--grpc-server-cert and --grpc-server-key go together (and --grpc-root-cert needs them)"
-            )
-        grpc_tls = TritonGrpcTls(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert)
-    with TritonServer(_triton_config(args, grpc_tls=grpc_tls)) as server:
+    config = config_from_args(TritonConfig, args, args.config)
+    with TritonServer(config.server_config()) as server:
         print(f"Triton ready: gRPC {server.grpc_url}, HTTP {server.http_url}, metrics {server.metrics_url}")
         print(f"log: {server.log_path}  (Ctrl-C to stop)")
         wait_for_stop_signal(server.is_running)
@@ -257,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full parser (each subcommand with its own ``--help``)."""
     parser = argparse.ArgumentParser(
         prog="slimserve",
-        description="Compress a recommendation LLM into a small student and serve it over gRPC through Triton.",
+        description=DESCRIPTION,
         epilog="Each command has its own --help; `slimserve up` builds the default students and serves them "
         "(README.md).",
     )

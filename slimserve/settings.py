@@ -127,8 +127,12 @@ def _check_keys(model_cls: type[BaseModel], values: Mapping[str, Any], label: st
 def _describe(model_cls: type[BaseModel], exc: ValidationError, sources: list) -> str:
     lines = [f"invalid {model_cls.__name__}:"]
     for error in exc.errors():
+        if not error["loc"]:  # a check across fields (a model validator): its message names them
+            lines.append(f"  {error['msg']}")
+            continue
         key = ".".join(str(part) for part in error["loc"])
-        origin = next((label for label, values in reversed(sources) if key in values), "default")
+        field = str(error["loc"][0])  # `concurrency.0`: the first level of the field `concurrency`
+        origin = next((label for label, values in reversed(sources) if field in values), "default")
         lines.append(f"  {key} = {error.get('input')!r} (from {origin}): {error['msg']}")
         if str(error.get("input", "")).startswith("tcp://"):
             lines.append("    (a Kubernetes service link? set enableServiceLinks: false in the pod spec)")
@@ -143,18 +147,23 @@ def add_config_flags(parser: argparse.ArgumentParser, model_cls: type[BaseModel]
     """Add one ``--field-name`` flag per config field (help = its description); absent flags stay unset.
 
     A field with ``json_schema_extra={"repeatable": True}`` (and optionally a ``metavar``) is a flag given
-    once per value, collected into a list."""
+    once per value, collected into a list; one with ``{"comma_separated": True}`` takes its value as text
+    (``1,4,16``), which the field's own validator splits."""
     group = parser.add_argument_group(f"{model_cls.__name__} (flags override file and environment)")
     for name, info in model_cls.model_fields.items():
         default = info.get_default(call_default_factory=True)
         shown = "unset" if default is None else default
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("comma_separated"):
+            shown = ",".join(map(str, default)) or "none"
         prefix = _env_prefix(model_cls)
         env = f"; env {prefix}{name.upper()}" if prefix else ""
         help_text = f"{info.description} [default: {shown}{env}]".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         if extra.get("repeatable"):  # a list of text values, one per use of the flag
             kwargs.update(action="append", metavar=extra.get("metavar", name.upper()))
+        elif extra.get("comma_separated"):  # text the field splits (not YAML: `--models yes` stays a name)
+            kwargs["metavar"] = extra.get("metavar", name.upper())
         elif _is_bool(info.annotation):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif _is_structured(info.annotation):  # lists, mappings, nested models: a YAML/JSON value

@@ -1,4 +1,4 @@
-"""The ``slimserve bench ...`` subcommands: argument parsing and printing over the bench modules."""
+"""The ``slimserve bench ...`` subcommands: flags from each command's settings (``bench.config``), printing."""
 
 from __future__ import annotations
 
@@ -13,41 +13,20 @@ from pathlib import Path
 from ..channel import add_client_security_flags, security_from_args
 from ..errors import UserError
 
-DEFAULT_REPOSITORY = Path("model_repository")
+
+def _add_config(parser: argparse.ArgumentParser, model: type) -> None:
+    """``--config FILE`` and one flag per field of ``model`` (``settings.add_config_flags``)."""
+    from ..settings import add_config_flags
+
+    parser.add_argument("--config", type=Path, help=f"YAML/JSON file with {model.__name__} settings")
+    add_config_flags(parser, model)
 
 
-def _numbers(kind, allow_zero: bool = False):
-    def parse(text: str):
-        if not text.strip():
-            return ()
-        try:
-            values = tuple(kind(v) for v in text.split(","))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-        if any(v < 0 or (v == 0 and not allow_zero) for v in values):
-            kinds = "non-negative" if allow_zero else "positive"
-            raise argparse.ArgumentTypeError(f"expected {kinds} numbers, got {text!r}")
-        return values
+def _config(model: type, args: argparse.Namespace):
+    """The command's settings: defaults < ``--config`` file < environment < flags."""
+    from ..settings import config_from_args
 
-    return parse
-
-
-def _add_workload_args(parser: argparse.ArgumentParser, candidates: bool = True) -> None:
-    from .config import WorkloadConfig
-
-    fields = WorkloadConfig.model_fields
-    group = parser.add_argument_group("workload (real prompts)")
-    group.add_argument("--dataset", type=Path, help=fields["dataset"].description)
-    group.add_argument(
-        "--requests", type=int, default=fields["requests"].default, help=fields["requests"].description
-    )
-    if candidates:
-        group.add_argument(
-            "--candidates",
-            type=int,
-            default=fields["candidates"].default,
-            help=fields["candidates"].description,
-        )
+    return config_from_args(model, args, args.config)
 
 
 def _write_json(path: Path | None, data) -> None:
@@ -62,22 +41,23 @@ def _command_line() -> str:
 
 # -- latency -------------------------------------------------------------------------------------------
 def _add_latency(kinds) -> None:
-    latency = kinds.add_parser("latency", help="Score latency (p50/p99), one request at a time")
-    latency.add_argument("--target", default="127.0.0.1:50051", help="scoring service host:port")
-    latency.add_argument("--candidates", type=_numbers(int), default=(1, 50), help="comma-separated counts")
-    latency.add_argument("--requests", type=int, default=100, help="measured requests per count")
-    latency.add_argument("--warmup", type=int, default=5, help="unmeasured requests per count first")
-    latency.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    add_client_security_flags(latency)
-    latency.set_defaults(handler=_run_latency)
+    from .config import LatencyBenchConfig
+
+    parser = kinds.add_parser("latency", help="Score latency (p50/p99), one request at a time")
+    _add_config(parser, LatencyBenchConfig)
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    add_client_security_flags(parser)
+    parser.set_defaults(handler=_run_latency)
 
 
 def _run_latency(args: argparse.Namespace) -> int:
+    from .config import LatencyBenchConfig
     from .latency import format_latency_table, measure_score_latency
 
+    config = _config(LatencyBenchConfig, args)
     security = security_from_args(args)
     results = measure_score_latency(
-        args.target, list(args.candidates), args.requests, args.warmup, security=security
+        config.target, list(config.candidates), config.requests, config.warmup, security=security
     )
     print(format_latency_table(results))
     _write_json(args.json, [r.as_dict() for r in results])
@@ -86,61 +66,47 @@ def _run_latency(args: argparse.Namespace) -> int:
 
 # -- triton --------------------------------------------------------------------------------------------
 def _add_triton(kinds) -> None:
+    from .config import TritonBenchConfig
+
     parser = kinds.add_parser("triton", help="perf_analyzer against the repository's models on Triton")
-    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY)
-    parser.add_argument("--triton-url", help="use this running Triton (host:port) instead of starting one")
-    parser.add_argument(
-        "--models", default="", help="comma-separated model names (default: all token models)"
-    )
-    parser.add_argument(
-        "--bundle-model", default="scorer", help="model whose serving bundle tokenizes prompts"
-    )
-    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 2, 4, 8, 16), help="e.g. 1,4,16")
-    parser.add_argument("--request-rate", type=_numbers(float), default=(), help="Poisson rates, e.g. 10,20")
-    parser.add_argument("--buckets", type=_numbers(int), default=(), help="only these length buckets")
-    parser.add_argument("--window-requests", type=int, default=100, help="requests per measurement window")
-    parser.add_argument("--max-trials", type=int, default=3, help="measurement windows per load point")
-    parser.add_argument("--stability", type=float, default=1000.0, help="perf_analyzer -s (percent)")
-    parser.add_argument("--batch-size", type=int, default=1, help="perf_analyzer -b")
-    parser.add_argument("--max-tokens", type=int, default=32, help="generators: tokens generated per request")
+    _add_config(parser, TritonBenchConfig)
     parser.add_argument("--csv", type=Path, help="write the typed points to this CSV file")
     parser.add_argument("--json", type=Path, help="write the typed points to this JSON file")
-    _add_workload_args(parser)
     parser.set_defaults(handler=_run_triton)
 
 
 def _run_triton(args: argparse.Namespace) -> int:
     from ..bundle import BundleError, bundle_dir_for
-    from .perf_analyzer import PerfSettings
+    from .config import TritonBenchConfig
     from .report import write_csv
     from .triton_bench import format_perf_table, run_triton_bench
     from .workload import Workload, load_calls, load_workload
 
-    if not args.model_repository.is_dir():
-        raise UserError(f"--model-repository {args.model_repository} does not exist")
+    config = _config(TritonBenchConfig, args)
+    if not config.model_repository.is_dir():
+        raise UserError(f"--model-repository {config.model_repository} does not exist")
     try:
-        bundle_dir = bundle_dir_for(args.model_repository, args.bundle_model)
+        bundle_dir = bundle_dir_for(config.model_repository, config.bundle_model)
     except BundleError:
         bundle_dir = None  # no scorer: only generators can be driven (their prompts need no scoring bundle)
+    counts = {"requests": config.requests, "candidates": config.candidates}
     if bundle_dir is not None:
-        workload = load_workload(bundle_dir, args.dataset, requests=args.requests, candidates=args.candidates)
+        workload = load_workload(bundle_dir, config.dataset, **counts)
     else:
-        calls, source = load_calls(args.dataset, requests=args.requests, candidates=args.candidates)
+        calls, source = load_calls(config.dataset, **counts)
         workload = Workload(calls, [], (), source)
     print(f"workload: {workload.describe()}")
-    settings = PerfSettings(args.window_requests, args.max_trials, args.stability, args.batch_size)
-    models = tuple(m for m in args.models.split(",") if m)
     try:
         points = run_triton_bench(
-            args.model_repository,
+            config.model_repository,
             workload,
-            triton_url=args.triton_url,
-            models=models,
-            concurrencies=args.concurrency,
-            request_rates=args.request_rate,
-            buckets=args.buckets,
-            settings=settings,
-            max_tokens=args.max_tokens,
+            triton_url=config.triton_url,
+            models=config.models,
+            concurrencies=config.concurrency,
+            request_rates=config.request_rate,
+            buckets=config.buckets,
+            settings=config.perf_settings(),
+            max_tokens=config.max_tokens,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -152,54 +118,33 @@ def _run_triton(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- load bounds (grpc, generators) ---------------------------------------------------------------------
-def _add_load_bounds(
-    parser: argparse.ArgumentParser, max_requests: int, max_seconds: float, warmup: int, timeout: float
-) -> None:
-    parser.add_argument("--max-requests", type=int, default=max_requests, help="most requests per load level")
-    parser.add_argument("--max-seconds", type=float, default=max_seconds, help="most seconds per load level")
-    parser.add_argument("--warmup", type=int, default=warmup, help="unmeasured requests first")
-    parser.add_argument("--timeout", type=float, default=timeout, help="deadline per request (s)")
-
-
-def _load_plan(args: argparse.Namespace, concurrencies: tuple[int, ...], rates: tuple[float, ...] = ()):
-    from .grpc_load import LoadPlan
-
-    return LoadPlan(
-        concurrencies=concurrencies,
-        rates=rates,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-        warmup_requests=args.warmup,
-        timeout_s=args.timeout,
-    )
-
-
 # -- grpc ----------------------------------------------------------------------------------------------
 def _add_grpc(kinds) -> None:
+    from .config import GrpcBenchConfig
+
     parser = kinds.add_parser("grpc", help="asyncio load generator against a running service (loopback)")
-    parser.add_argument("--target", default="127.0.0.1:50051", help="service host:port (loopback only)")
-    parser.add_argument("--method", choices=("Score", "Explain"), default="Score", help="RPC to load")
-    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 4, 16), help="closed-loop levels")
-    parser.add_argument("--rate", type=_numbers(float), default=(), help="open-loop Poisson rates (req/s)")
-    _add_load_bounds(parser, max_requests=500, max_seconds=10.0, warmup=8, timeout=30.0)
-    parser.add_argument("--max-tokens", type=int, default=32, help="Explain: tokens to generate")
+    _add_config(parser, GrpcBenchConfig)
     parser.add_argument("--json", type=Path, help="write the points to this JSON file")
-    _add_workload_args(parser)
     add_client_security_flags(parser)
     parser.set_defaults(handler=_run_grpc)
 
 
 def _run_grpc(args: argparse.Namespace) -> int:
+    from .config import GrpcBenchConfig
     from .grpc_load import bench_service, explain_requests, format_load_table, score_requests
     from .workload import load_calls
 
-    calls, source = load_calls(args.dataset, requests=args.requests, candidates=args.candidates)
-    requests = score_requests(calls) if args.method == "Score" else explain_requests(calls, args.max_tokens)
-    plan = _load_plan(args, args.concurrency, args.rate)
+    config = _config(GrpcBenchConfig, args)
+    calls, source = load_calls(config.dataset, requests=config.requests, candidates=config.candidates)
+    if config.method == "Score":
+        requests = score_requests(calls)
+    else:
+        requests = explain_requests(calls, config.max_tokens)
     print(f"workload: {len(calls)} requests from {source}")
     security = security_from_args(args)
-    points = asyncio.run(bench_service(args.target, args.method, requests, plan, security=security))
+    points = asyncio.run(
+        bench_service(config.target, config.method, requests, config.load_plan(), security=security)
+    )
     print(format_load_table(points))
     _write_json(args.json, [p.as_dict() for p in points])
     return 0
@@ -207,18 +152,15 @@ def _run_grpc(args: argparse.Namespace) -> int:
 
 # -- compare / report ----------------------------------------------------------------------------------
 def _add_compare_args(parser: argparse.ArgumentParser) -> None:
-    from ..settings import add_config_flags
     from .config import CompareConfig
 
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with CompareConfig settings")
-    add_config_flags(parser, CompareConfig)
+    _add_config(parser, CompareConfig)
 
 
 def _compare_config(args: argparse.Namespace):
-    from ..settings import config_from_args
     from .config import CompareConfig
 
-    return config_from_args(CompareConfig, args, args.config)
+    return _config(CompareConfig, args)
 
 
 def _variants(config):
@@ -320,50 +262,34 @@ def _run_report(args: argparse.Namespace) -> int:
 
 # -- layouts -------------------------------------------------------------------------------------------
 def _add_layouts(kinds) -> None:
+    from .config import LayoutsConfig
+
     parser = kinds.add_parser(
         "layouts",
         help="multi-item vs single-sequence scoring of the same student: floors and served, side by side",
     )
-    parser.add_argument(
-        "--build-dir", type=Path, required=True, help="a multi-item build's work directory (its INT8 graphs)"
-    )
-    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the bundle")
-    parser.add_argument("--model-name", default="scorer", help="model whose serving bundle is used")
-    parser.add_argument(
-        "--candidates", type=_numbers(int), default=(1, 10, 50, 200), help="candidates per Score call"
-    )
-    parser.add_argument("--concurrency", type=_numbers(int), default=(1, 2, 4), help="closed-loop levels")
-    parser.add_argument(
-        "--requests", type=int, default=16, help="distinct calls (members) per candidate count"
-    )
-    parser.add_argument("--floor-seconds", type=float, default=4.0, help="seconds per in-process floor")
-    parser.add_argument("--max-requests", type=int, default=200, help="most calls per load level")
-    parser.add_argument("--max-seconds", type=float, default=8.0, help="most seconds per load level")
-    parser.add_argument("--dataset", type=Path, help="dataset directory (default: the build's)")
+    _add_config(parser, LayoutsConfig)
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     parser.set_defaults(handler=_run_layouts)
 
 
 def _run_layouts(args: argparse.Namespace) -> int:
     from ..bundle import bundle_dir_for
-    from .layouts import LayoutSettings, format_layouts, graphs_from_build, run_layouts
+    from .config import LayoutsConfig
+    from .layouts import format_layouts, graphs_from_build, run_layouts
 
-    dataset = args.dataset
-    if dataset is None and (args.build_dir / "data" / "dataset").is_dir():
-        dataset = args.build_dir / "data" / "dataset"
+    config = _config(LayoutsConfig, args)
+    if config.build_dir is None:
+        raise UserError("give --build-dir: a multi-item build's work directory (build_dir)")
+    dataset = config.dataset
+    if dataset is None and (config.build_dir / "data" / "dataset").is_dir():
+        dataset = config.build_dir / "data" / "dataset"
     try:
-        graphs = graphs_from_build(args.build_dir)
+        graphs = graphs_from_build(config.build_dir)
     except FileNotFoundError as exc:
         raise UserError(str(exc)) from None
-    settings = LayoutSettings(
-        candidates=args.candidates,
-        concurrencies=args.concurrency,
-        requests=args.requests,
-        floor_seconds=args.floor_seconds,
-        max_requests=args.max_requests,
-        max_seconds=args.max_seconds,
-    )
-    result = run_layouts(bundle_dir_for(args.model_repository, args.model_name), graphs, dataset, settings)
+    bundle_dir = bundle_dir_for(config.model_repository, config.model_name)
+    result = run_layouts(bundle_dir, graphs, dataset, config.settings())
     print(format_layouts(result))
     print(f"command: {_command_line()}")
     _write_json(args.json, {"command": _command_line(), **result.as_dict()})
@@ -372,51 +298,32 @@ def _run_layouts(args: argparse.Namespace) -> int:
 
 # -- generators ----------------------------------------------------------------------------------------
 def _add_generators(kinds) -> None:
+    from .config import GeneratorsBenchConfig
+
     parser = kinds.add_parser(
         "generators", help="the repository's generator (student) vs its teacher, Explain streams, same stack"
     )
-    parser.add_argument(
-        "--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="holds the student as 'generator'"
-    )
-    teacher = parser.add_mutually_exclusive_group()
-    teacher.add_argument(
-        "--teacher",
-        default="default",
-        help="teacher to export at the student's precision (default, tiny, dir)",
-    )
-    teacher.add_argument(
-        "--teacher-repository", type=Path, help="a repository already holding the teacher as 'generator'"
-    )
-    parser.add_argument(
-        "--teacher-precision",
-        choices=("fp32", "int8", "int4"),
-        help="precision of the exported teacher (default: the student's)",
-    )
-    parser.add_argument("--streams", type=_numbers(int), default=(1, 8), help="concurrent Explain streams")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per explanation (greedy)")
-    _add_load_bounds(parser, max_requests=48, max_seconds=60.0, warmup=2, timeout=300.0)
+    _add_config(parser, GeneratorsBenchConfig)
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    _add_workload_args(parser, candidates=False)
     parser.set_defaults(handler=_run_generators)
 
 
 def _run_generators(args: argparse.Namespace) -> int:
+    from .config import GeneratorsBenchConfig
     from .generators import compare_generators, format_comparison
     from .workload import load_calls
 
-    if args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    calls, source = load_calls(args.dataset, requests=args.requests, candidates=1)
-    plan = _load_plan(args, args.streams)
+    config = _config(GeneratorsBenchConfig, args)
+    calls, source = load_calls(config.dataset, requests=config.requests, candidates=1)
     print(f"workload: {len(calls)} explanation prompts from {source}")
     result = compare_generators(
-        args.model_repository,
+        config.model_repository,
         calls,
-        plan,
-        args.max_tokens,
-        args.teacher,
-        args.teacher_repository,
-        args.teacher_precision,
+        config.load_plan(),
+        config.max_tokens,
+        config.teacher,
+        config.teacher_repository,
+        config.teacher_precision,
     )
     print(format_comparison(result))
     _write_json(args.json, {"command": _command_line(), **result.as_dict()})
@@ -425,24 +332,21 @@ def _run_generators(args: argparse.Namespace) -> int:
 
 # -- faults ---------------------------------------------------------------------------------------------
 def _add_faults(kinds) -> None:
-    from ..settings import add_config_flags
     from .faults.config import FaultsConfig
 
     parser = kinds.add_parser(
         "faults",
         help="fuzz, overload, Triton killed/frozen, SIGTERM, publish (and soak) against a stack it starts",
     )
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with FaultsConfig settings")
-    add_config_flags(parser, FaultsConfig)
+    _add_config(parser, FaultsConfig)
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.set_defaults(handler=_run_faults)
 
 
 def _run_faults(args: argparse.Namespace) -> int:
-    from ..settings import config_from_args
     from .faults import FaultsConfig, format_faults_table, run_faults
 
-    config = config_from_args(FaultsConfig, args, args.config)
+    config = _config(FaultsConfig, args)
     results = run_faults(config, on_result=lambda r: print(format_faults_table([r]), flush=True))
     missed = [r.case for r in results if not r.met]
     print(f"\n{format_faults_table(results)}\n\ncommand: {_command_line()}")
