@@ -50,3 +50,5 @@ def test_latency_bench_reports_unreachable_service():
 
     with pytest.raises(grpc.RpcError):
         measure_score_latency(f"127.0.0.1:{free_port()}", [1], requests=1, warmup=1, timeout_s=1)
+    with pytest.raises(grpc.RpcError):  # no warm-up: every measured call fails, the error is raised
+        measure_score_latency(f"127.0.0.1:{free_port()}", [1], requests=2, warmup=0, timeout_s=1)

@@ -52,10 +52,12 @@ def measure_score_latency(
                 started = time.perf_counter()
                 try:
                     stub.Score(request, timeout=timeout_s)
-                except grpc.RpcError:
-                    errors += 1
+                except grpc.RpcError as exc:
+                    errors, last_error = errors + 1, exc
                     continue
                 latencies.append((time.perf_counter() - started) * 1000)
+            if not latencies:  # every call failed: the service's answer, not a summary of nothing
+                raise last_error
             results.append(LatencyResult(count, LatencySummary.of(latencies), errors))
     return results
 
