@@ -172,11 +172,6 @@ class LazyTeacher:
             return DEFAULT_TEACHER_NAME
         return _tiny_name(self.seed) if self.source == TINY_TEACHER else self._loaded.name
 
-    @property
-    def loaded(self) -> bool:
-        """Whether the weights were loaded."""
-        return "_loaded" in self.__dict__
-
     def fresh(self):
         """A deep copy of the teacher as loaded (eval mode)."""
         return copy.deepcopy(self._loaded.model).eval()
