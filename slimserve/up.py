@@ -279,10 +279,12 @@ async def _serve(options: UpConfig, triton_url: str, bundle_dir: Path, generator
 
 @dataclass
 class _Build:
-    """The build running in a thread: the scorer's publication and the end, posted to the event loop."""
+    """The build running in a thread: the scorer's publication, the generator's and the end, posted to
+    the event loop."""
 
     loop: asyncio.AbstractEventLoop
     scorer: asyncio.Future
+    generator: asyncio.Future
     done: asyncio.Future
     thread: threading.Thread | None = None
 
@@ -301,7 +303,8 @@ class _Build:
 def _start_build(recipe, loop) -> _Build:
     from .buildstage.runner import run_build
 
-    build = _Build(loop, loop.create_future(), loop.create_future())
+    build = _Build(loop, loop.create_future(), loop.create_future(), loop.create_future())
+    milestones = (build.scorer, build.generator, build.done)
 
     def work():
         try:
@@ -309,13 +312,14 @@ def _start_build(recipe, loop) -> _Build:
                 recipe,
                 command=f"slimserve build --recipe {recipe.name}",
                 on_scorer_published=lambda result: build.post(build.scorer, result),
+                on_generator_published=lambda result: build.post(build.generator, result),
             )
         except BaseException as exc:  # handed to the event loop, raised there
-            build.post(build.scorer, error=exc)
-            build.post(build.done, error=exc)
+            for future in milestones:
+                build.post(future, error=exc)
         else:
-            build.post(build.scorer, result)
-            build.post(build.done, result)
+            for future in milestones:
+                build.post(future, result)
 
     # A daemon thread: Ctrl-C stops the services and Triton, then the process exits without waiting
     # for the stage in progress (stages resume from their outputs and checkpoints).
@@ -382,15 +386,15 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
             servers.append(await _start_scoring(options, triton_url, bundle_dir))
             if options.sample:
                 await _sample_ranking(f"{options.host}:{servers[0].port}")
-            if recipe.generator is not None and not build.done.done():
+            if recipe.generator is not None and not build.generator.done():
                 print(  # noqa: T201
                     "\nScoringService is serving the scoring student; the generator stages are still "
                     "running: ReasoningService starts when the generator is published."
                 )
-            if not await _first(stop, build.done):
+            if not await _first(stop, build.generator):
                 raise _Interrupted
             try:
-                result = build.done.result()
+                result = build.generator.result()
             except BuildError as exc:  # a generator stage or gate: the scorer passed its own
                 print(  # noqa: T201
                     f"\nThe generator was not published: {exc}\nScoringService keeps serving the "
@@ -414,6 +418,13 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
                         _load_generator, state["triton"], options.generator_name, options.startup_timeout_s
                     )
                 servers.append(await _serve_reasoning(options, triton_url, generator_dir))
+            if not build.done.done():
+                print(  # noqa: T201
+                    "\nMeasuring the teacher's speed for the closing table (stage teacher_speed)."
+                )
+            if not await _first(stop, build.done):
+                raise _Interrupted
+            build.done.result()
             _print_summary(recipe)
             return await _until_stopped(options, stop)
         finally:

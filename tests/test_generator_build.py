@@ -31,6 +31,8 @@ from slimserve.compression.generation_distill import (
     topk_targets,
 )
 from slimserve.compression.generation_eval import evaluate_text, token_sums
+from slimserve.compression.generation_finetune import finetune_on_answers
+from slimserve.compression.trainer import TrainConfig
 from slimserve.errors import BuildError
 from slimserve.evaluation.generator_report import GeneratorRow
 from slimserve.models.teacher import load_teacher
@@ -237,6 +239,18 @@ def test_teacher_is_fine_tuned_on_written_explanations_and_its_own_answers(built
     key = "model.layers.0.mlp.down_proj.weight"
     assert torch.equal(tuned.state_dict()[key], ctx.teacher.state_dict()[key].cpu())
     assert not torch.equal(tuned.state_dict()[key], original.state_dict()[key].cpu())
+
+
+def test_fine_tune_of_the_top_layers_leaves_the_ones_below_as_they_were(tmp_path):
+    model = load_teacher("tiny", seed=1).model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    config = TrainConfig(lr=1e-2, epochs=1, batch_size=2)
+    report = finetune_on_answers(model, [[5, 6, 7], [8, 9]], [[10, 11], [12, 13]], config, None, 1)
+    assert report.steps == 1
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    top = len(model.get_decoder().layers) - 1
+    assert changed and all(k.startswith(f"model.layers.{top}.") or k == "model.norm.weight" for k in changed)
+    assert all(not p.requires_grad for p in model.parameters())  # frozen again once trained
 
 
 def test_training_pairs_are_spread_over_the_verdicts():

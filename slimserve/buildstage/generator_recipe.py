@@ -29,6 +29,12 @@ class TeacherFinetuneSettings(_Strict):
         "before the fine-tune), to keep free Generate prompts working; 0: explanations only",
     )
     general_max_new_tokens: int = Field(96, ge=1, description="Length limit of those answers")
+    train_top_layers: int | None = Field(
+        None,
+        ge=1,
+        description="Decoder layers that learn, from the top (the ones below stay frozen and need no "
+        "backward pass); null: all of them",
+    )
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=2, batch_size=8))
     seed: int = Field(
         0, description="Seed of the pairs' choice, the explanations' wording and the instructions"

@@ -234,8 +234,9 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     write_explanations(ctx, ZERO_SHOT_ROW, teacher, out)
     prompts, answers, records = finetune_set(ctx, teacher)
     (out / "finetune_set.json").write_text(json.dumps(records, indent=1) + "\n")
+    settings = ctx.settings.finetune
     report = finetune_on_answers(
-        teacher, prompts, answers, ctx.settings.finetune.train, out / "checkpoint.pt"
+        teacher, prompts, answers, settings.train, out / "checkpoint.pt", settings.train_top_layers
     )
     teacher.eval()
     _save_model(ctx, teacher, out)

@@ -57,13 +57,18 @@ def _gate(row: StageRow, minimum: float, teacher_auc: float) -> None:
 
 
 def run_build(
-    recipe: Recipe, restart: bool = False, command: str = "slimserve build", on_scorer_published=None
+    recipe: Recipe,
+    restart: bool = False,
+    command: str = "slimserve build",
+    on_scorer_published=None,
+    on_generator_published=None,
 ) -> BuildResult:
     """Run every stage of ``recipe``; raise ``BuildError`` when a stage or a gate fails.
 
     With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
-    meanwhile); without it, a failing generator gate publishes nothing."""
+    meanwhile), and ``on_generator_published`` is called once the generator is, before the teacher's
+    speed is measured for the report; without them, a failing generator gate publishes nothing."""
     from ..models.teacher import LazyTeacher
     from .int8_stage import publish, run_int8, run_teacher_speed
     from .stages import run_distill, run_prune, run_redistill, run_teacher
@@ -114,7 +119,14 @@ def run_build(
         final, publisher = tensorrt_tail(recipe, data, stages, loaded)
         _gate(final[0], recipe.gates.int8, teacher_auc)
         return _report_and_publish(
-            recipe, rows + final, data, seconds, command, publisher, generator, on_scorer_published
+            recipe,
+            rows + final,
+            data,
+            seconds,
+            command,
+            publisher,
+            generator,
+            (on_scorer_published, on_generator_published),
         )
 
     chosen: dict[str, Path] = {}
@@ -152,7 +164,7 @@ def run_build(
             recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
         ),
         generator,
-        on_scorer_published,
+        (on_scorer_published, on_generator_published),
         teacher_speed,
     )
 
@@ -175,17 +187,19 @@ def _report_and_publish(
     command: str,
     publisher,
     generator=None,
-    on_scorer_published=None,
+    callbacks=(None, None),
     teacher_speed=None,
 ) -> BuildResult:
     """Measure the teacher (``teacher_speed(rows)``, when given), run the generator stages (when the
     recipe has them; their gates fail before anything is published), write the report and model card,
     then publish (``publisher(card)``, then the generator).
 
-    With ``on_scorer_published``: publish the scorer first, call it, then measure the teacher, run the
-    generator stages, rewrite the report and publish the generator. A model published before from the
-    same recipe and still the repository's latest is kept rather than published again when none of its
-    stages ran."""
+    With ``callbacks`` = (on_scorer_published, on_generator_published): publish the scorer first, call
+    the first, run the generator stages, publish the generator, call the second, then measure the
+    teacher and rewrite the report (the teacher's speed only fills the report's table, so the services
+    do not wait for it). A model published before from the same recipe and still the repository's
+    latest is kept rather than published again when none of its stages ran."""
+    on_scorer_published, on_generator_published = callbacks
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data"})
     measure_teacher = teacher_speed or (lambda rows: None)
@@ -197,15 +211,18 @@ def _report_and_publish(
     result.published = _publish_once(recipe, "scorer", lambda: publisher(card), scorer_ran)
     if on_scorer_published is not None:
         on_scorer_published(result)
-        measure_teacher(rows)
         if generator is not None:
             result.generator_rows = generator_stages.run_generator(generator, seconds)
-        _write_report(recipe, result, command)
     if generator is not None:
         generator_ran = bool(set(seconds) & set(generator_stages.active_stages(generator.settings)))
         result.generator_published = _publish_once(
             recipe, "generator", lambda: generator_stages.publish(generator), generator_ran or scorer_ran
         )
+    if on_scorer_published is not None:
+        if on_generator_published is not None:
+            on_generator_published(result)
+        measure_teacher(rows)
+        _write_report(recipe, result, command)
     return result
 
 

@@ -97,17 +97,28 @@ class OnPolicyLog:
     samples: list[dict] = field(default_factory=list)  # the first few, for inspection
 
 
-def _trainable(student) -> list[torch.nn.Parameter]:
-    """Every parameter but the (tied) embeddings, which stay frozen."""
+def _trainable(student, frozen_layers: int = 0) -> list[torch.nn.Parameter]:
+    """Every parameter but the (tied) embeddings and the bottom ``frozen_layers`` decoder layers, which
+    stay frozen (autograd then never runs the backward pass below the first trained layer)."""
     for parameter in student.parameters():
         parameter.requires_grad_(True)
     student.get_input_embeddings().requires_grad_(False)
     student.get_output_embeddings().requires_grad_(False)
+    for layer in student.get_decoder().layers[:frozen_layers]:
+        layer.requires_grad_(False)
     return [p for p in student.parameters() if p.requires_grad]
 
 
-def _run(student, plan, loss_fn, config: TrainConfig, checkpoint: Path | None, desc: str) -> TrainReport:
-    parameters = _trainable(student)
+def _run(
+    student,
+    plan,
+    loss_fn,
+    config: TrainConfig,
+    checkpoint: Path | None,
+    desc: str,
+    frozen_layers: int = 0,
+) -> TrainReport:
+    parameters = _trainable(student, frozen_layers)
     student.train()
     try:
         return train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
