@@ -135,11 +135,11 @@ def _print_summary(recipe) -> None:
 
 def published_generator(options: UpConfig) -> Path | None:
     """The bundle directory of the latest published generator, or None when the repository has none."""
-    from .generation_bundle import generation_bundle_dir, load_generation_bundle
+    from .generator_bundle import generator_bundle_dir, load_generator_bundle
 
     try:
-        directory = generation_bundle_dir(options.model_repository, options.generator_name)
-        bundle = load_generation_bundle(directory)
+        directory = generator_bundle_dir(options.model_repository, options.generator_name)
+        bundle = load_generator_bundle(directory)
     except BundleError as exc:
         if (options.model_repository / options.generator_name).exists():
             log.warning("not serving %r: %s", options.generator_name, exc)
@@ -154,7 +154,7 @@ def _export_teacher_generator(options: UpConfig) -> Path:
     """Publish the teacher itself (full precision) as the generator, so that ``up`` explains without a build."""
     from .export.generator_config import GeneratorExportConfig
     from .export.generator_repository import publish_generator
-    from .generation_bundle import generation_bundle_dir
+    from .generator_bundle import generator_bundle_dir
     from .models.teacher import load_teacher
 
     log.info(
@@ -171,7 +171,7 @@ def _export_teacher_generator(options: UpConfig) -> Path:
         source_model=loaded.name,
     )
     publish_generator(loaded.model, loaded.tokenizer_file, config)
-    return generation_bundle_dir(options.model_repository, options.generator_name)
+    return generator_bundle_dir(options.model_repository, options.generator_name)
 
 
 def _start_triton(options: UpConfig, models: tuple[str, ...], repository: Path | None = None):
@@ -358,7 +358,7 @@ class _Interrupted(Exception):
 async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
     """Build ``recipe`` in a thread; serve the scorer once published, then the generator; wait."""
     from .buildstage.runner import published_entry
-    from .generation_bundle import generation_bundle_dir
+    from .generator_bundle import generator_bundle_dir
     from .serving.server import stop_on_signals
 
     loop = asyncio.get_running_loop()
@@ -410,7 +410,7 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
                 print(generator_table(result.generator_rows))  # noqa: T201
                 entry = published_entry(recipe, "generator")
                 version = None if entry is None else entry["version"]
-                generator_dir = generation_bundle_dir(
+                generator_dir = generator_bundle_dir(
                     options.model_repository, options.generator_name, version
                 )
                 if "triton" in state:
@@ -461,7 +461,7 @@ def run_up(options: UpConfig) -> int:
         return _serve_published(options, bundle_dir, generator_dir)
 
     from .buildstage.runner import published_build
-    from .generation_bundle import generation_bundle_dir
+    from .generator_bundle import generator_bundle_dir
 
     recipe = up_recipe(options)
     published = published_build(recipe)
@@ -477,7 +477,7 @@ def run_up(options: UpConfig) -> int:
         generator_dir = (
             None
             if generator is None
-            else generation_bundle_dir(options.model_repository, options.generator_name, generator["version"])
+            else generator_bundle_dir(options.model_repository, options.generator_name, generator["version"])
         )
         return _serve_published(options, scorer, generator_dir, recipe)
 

@@ -23,15 +23,15 @@ from slimserve.buildstage.generator_stages import (
     standalone_context,
 )
 from slimserve.buildstage.recipe import load_recipe
-from slimserve.compression.generation_data import Sampling, TeacherText, generate
-from slimserve.compression.generation_distill import (
+from slimserve.compression.generator_data import Sampling, TeacherText, generate
+from slimserve.compression.generator_distill import (
     response_batch,
     response_logprobs,
     sparse_forward_kl,
     topk_targets,
 )
-from slimserve.compression.generation_eval import evaluate_text, token_sums
-from slimserve.compression.generation_finetune import finetune_on_answers
+from slimserve.compression.generator_eval import evaluate_text, token_sums
+from slimserve.compression.generator_finetune import finetune_on_answers
 from slimserve.compression.trainer import TrainConfig
 from slimserve.errors import BuildError
 from slimserve.evaluation.generator_report import GeneratorRow
@@ -209,7 +209,7 @@ def test_gate_above_what_was_reached_fails_the_build_and_publishes_nothing(built
 
 def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     from slimserve.buildstage.runner import _report_and_publish
-    from slimserve.generation_bundle import load_generation_bundle
+    from slimserve.generator_bundle import load_generator_bundle
 
     recipe, ctx, _, _ = built
     order = []
@@ -220,7 +220,7 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     assert [s["stage"] for s in report["generator_stages"]] == EXPECTED
     version = result.generator_published
     assert version == recipe.publish.model_repository / "generator" / "1"
-    bundle = load_generation_bundle(version / "bundle")
+    bundle = load_generator_bundle(version / "bundle")
     assert "generator student" in bundle.source_model and list(bundle.eos_token_ids) == ctx.end_ids
 
 
@@ -256,7 +256,7 @@ def test_fine_tune_of_the_top_layers_leaves_the_ones_below_as_they_were(tmp_path
 def test_training_pairs_are_spread_over_the_verdicts():
     from collections import Counter
 
-    from slimserve.compression.generation_data import pick_balanced
+    from slimserve.compression.generator_data import pick_balanced
 
     examples = (
         [("strong", i) for i in range(5)]

@@ -21,7 +21,7 @@ from slimserve.export.generator_repository import REPORT_FILE, generator_triton_
 from slimserve.export.onnx_export import ExportError
 from slimserve.export.repository import list_versions
 from slimserve.export.triton_config import parse_config_pbtxt, to_model_config
-from slimserve.generation_bundle import load_generation_bundle
+from slimserve.generator_bundle import load_generator_bundle
 from slimserve.models.teacher import load_teacher
 from slimserve.prompts import EXPLAIN_TEMPLATE_VERSION
 from slimserve.triton_models.generator import (
@@ -172,7 +172,7 @@ def test_published_repository_is_complete_and_consistent(published):
     assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
     optional = {t.name for t in config.input if t.optional}
     assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty"}
-    bundle = load_generation_bundle(version_dir / "bundle")
+    bundle = load_generator_bundle(version_dir / "bundle")
     assert bundle.prompt_template_version == EXPLAIN_TEMPLATE_VERSION and set(bundle.eos_token_ids) >= {0, 2}
     assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash
     report = json.loads((version_dir / REPORT_FILE).read_text())
@@ -187,8 +187,8 @@ def test_a_bundle_published_under_the_old_field_name_still_loads(published, tmp_
     manifest = json.loads((bundle_dir / "generation.json").read_text())
     manifest["template_version"] = manifest.pop("prompt_template_version")
     (bundle_dir / "generation.json").write_text(json.dumps(manifest))
-    old = load_generation_bundle(bundle_dir)
-    assert old == load_generation_bundle(version_dir / "bundle")
+    old = load_generator_bundle(bundle_dir)
+    assert old == load_generator_bundle(version_dir / "bundle")
     assert old.prompt_template_version == EXPLAIN_TEMPLATE_VERSION
 
 
@@ -277,7 +277,7 @@ def test_packaged_teacher_exports_with_parity_and_int8(tmp_path, packaged_teache
     report = json.loads((version_dir / REPORT_FILE).read_text())
     assert report["parity_fp32"]["identical"] is True
     assert 0.0 <= report["agreement_quantized"]["token_agreement"] <= 1.0
-    assert load_generation_bundle(version_dir / "bundle").precision == "int8"
+    assert load_generator_bundle(version_dir / "bundle").precision == "int8"
 
 
 def test_measure_graphs_times_published_versions(published, capsys, tmp_path):

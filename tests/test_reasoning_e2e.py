@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from slimserve.bundle import TOKENIZER_FILE
 from slimserve.client_convert import item_to_proto, member_to_proto
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
-from slimserve.generation_bundle import generation_bundle_dir
+from slimserve.generator_bundle import generator_bundle_dir
 from slimserve.prompts import render_explain_request
 from slimserve.reasoning_client import build_options, explain_request, generate_request
 from slimserve.serving.reasoning.config import ReasoningServiceConfig
@@ -86,7 +86,7 @@ async def stub(service):
 
 
 def tokenizer_of(repository: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(generation_bundle_dir(repository) / TOKENIZER_FILE))
+    return Tokenizer.from_file(str(generator_bundle_dir(repository) / TOKENIZER_FILE))
 
 
 async def collect(call) -> tuple[list[reasoning_pb2.TextChunk], str, reasoning_pb2.GenerationMetadata]:
@@ -120,7 +120,7 @@ async def test_explain_streams_the_models_greedy_text_in_order(generator_reposit
     request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=24, repetition_penalty=1.0))
     _, text, meta = await collect(stub.Explain(request, timeout=30))
     prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
-    onnx_path = generation_bundle_dir(generator_repository).parent / "model.onnx"
+    onnx_path = generator_bundle_dir(generator_repository).parent / "model.onnx"
     (greedy,) = onnx_greedy(onnx_path, [prompt_ids], meta.tokens_generated)
     assert text == tokenizer_of(generator_repository).decode(greedy, skip_special_tokens=True)
     assert meta.prompt_tokens == len(prompt_ids)
@@ -141,7 +141,7 @@ async def test_the_default_repetition_penalty_reaches_the_model(generator_reposi
     request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=40))
     _, text, meta = await collect(stub.Explain(request, timeout=30))
     prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
-    bundle_dir = generation_bundle_dir(generator_repository)
+    bundle_dir = generator_bundle_dir(generator_repository)
     engine = BatchEngine(OnnxDecoder(bundle_dir.parent / "model.onnx", 1), service.core.bundle.eos_token_ids)
     penalty = service.core.config.default_repetition_penalty
     (expected,) = generate(engine, [GenerationRequest(tuple(prompt_ids), 40, repetition_penalty=penalty)])

@@ -83,12 +83,12 @@ def throughput_ratios(student: GeneratorRun, teacher: GeneratorRun) -> dict[int,
 
 def serve_and_load(repository: Path, variant: str, requests: list, plan: LoadPlan) -> GeneratorRun:
     """Serve ``repository``'s ``generator`` (Triton + reasoning service) and run ``plan`` on ``Explain``."""
-    from ..generation_bundle import generation_bundle_dir, load_generation_bundle
+    from ..generator_bundle import generator_bundle_dir, load_generator_bundle
     from ..serving.triton.launcher import TritonServer, TritonServerConfig
     from .service import reasoning_service
 
-    bundle_dir = generation_bundle_dir(repository, "generator")
-    bundle = load_generation_bundle(bundle_dir)
+    bundle_dir = generator_bundle_dir(repository, "generator")
+    bundle = load_generator_bundle(bundle_dir)
     run = GeneratorRun(variant, str(repository), bundle.source_model, bundle.precision)
     config = TritonServerConfig(
         model_repository=repository.resolve(),

@@ -195,11 +195,11 @@ def generator_input_data(
     from tokenizers import Tokenizer
 
     from ..bundle import TOKENIZER_FILE
-    from ..generation_bundle import generation_bundle_dir, load_generation_bundle
+    from ..generator_bundle import generator_bundle_dir, load_generator_bundle
     from ..prompts import render_chat_prompt, render_explain_request
 
-    directory = generation_bundle_dir(repository, model)
-    bundle = load_generation_bundle(directory)
+    directory = generator_bundle_dir(repository, model)
+    bundle = load_generator_bundle(directory)
     tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
     entries = []
     for call in workload.calls:

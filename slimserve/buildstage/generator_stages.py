@@ -6,7 +6,7 @@ They run after the scorer's stages when the recipe has a ``generator:`` section,
 checkpoints). The teacher is the original model (not the scorer's yes/no fine-tuned copy), fine-tuned on
 explanations written from each pair's facts (``data.explanations``) when ``finetune.enabled``; from then
 on the fine-tuned teacher is the teacher. Every model is evaluated on the same held-out prompts
-(test-split members), see ``compression.generation_eval``, and explains the same held-out pairs for the
+(test-split members), see ``compression.generator_eval``, and explains the same held-out pairs for the
 grounding evaluation (``evaluation.grounding``), checked at the end of every run with the scoring
 student's decisions when its stages are in the same work directory.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
 
-from ..compression.generation_data import Sampling, TeacherText
+from ..compression.generator_data import Sampling, TeacherText
 from ..compression.trainer import progress_bar
 from ..errors import BuildError, UserError
 from ..evaluation.generator_report import GeneratorRow
@@ -82,7 +82,7 @@ class GeneratorContext:
 
     def grounding_examples(self) -> list:
         """The test-split pairs every model explains for the grounding evaluation."""
-        from ..compression.generation_data import pick
+        from ..compression.generator_data import pick
 
         count = self.settings.evaluation.grounding_prompts
         return pick(self.data.examples["test"], count, self.settings.teacher_text.seed) if count else []
@@ -99,7 +99,7 @@ class GeneratorContext:
 
 def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> None:
     """``model`` explains the grounding pairs (greedy); the texts go to ``out/explanations.json``."""
-    from ..compression.generation_data import explain_prompts, generate
+    from ..compression.generator_data import explain_prompts, generate
 
     examples = ctx.grounding_examples()
     if not examples:
@@ -125,7 +125,7 @@ def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> N
 
 
 def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
-    from ..compression.generation_eval import decode_tokens_per_s
+    from ..compression.generator_eval import decode_tokens_per_s
 
     row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
     if ctx.settings.evaluation.speed_tokens:
@@ -135,7 +135,7 @@ def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: lis
 def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRow:
     """Held-out figures of ``model``: on the teacher's text, on its own samples, size and decode speed;
     its explanations of the grounding pairs are written to ``out``."""
-    from ..compression.generation_eval import evaluate_own_samples, evaluate_text
+    from ..compression.generator_eval import evaluate_own_samples, evaluate_text
 
     settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
     with progress_bar(len(heldout.prompts), f"evaluate {stage} on teacher text") as bar:
@@ -173,7 +173,7 @@ def _save_model(ctx: GeneratorContext, model, out: Path) -> None:
 def pick_by_verdict(examples, count: int, seed: int) -> list:
     """``count`` training pairs spread evenly over the verdicts their facts call for (on the synthetic
     data a random draw is about 7% ``Strong fit``, too few for the teacher and student to learn it)."""
-    from ..compression.generation_data import pick_balanced
+    from ..compression.generator_data import pick_balanced
     from ..pair_facts import verdict_for
 
     return pick_balanced(examples, count, seed, lambda e: verdict_for(e.member, e.item))
@@ -182,7 +182,7 @@ def pick_by_verdict(examples, count: int, seed: int) -> list:
 def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[list[int]], list[dict]]:
     """(prompts, answers, records) of the teacher's fine-tune: explanations written from the facts of
     ``finetune.examples`` train-split pairs, and free instructions ``teacher`` answers itself (greedy)."""
-    from ..compression.generation_data import chat_prompts, explain_prompts, generate
+    from ..compression.generator_data import chat_prompts, explain_prompts, generate
     from ..data.explanations import explanation_rng, general_instructions, write_explanation
 
     settings, max_prompt = ctx.settings.finetune, ctx.settings.teacher_text.max_prompt_tokens
@@ -223,8 +223,8 @@ def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[
 def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Measure the teacher as loaded (grounding, size, speed), then fine-tune it on the written
     explanations (and its own answers to free instructions); the result is the teacher from now on."""
-    from ..compression.generation_data import explain_prompts
-    from ..compression.generation_finetune import finetune_on_answers
+    from ..compression.generator_data import explain_prompts
+    from ..compression.generator_finetune import finetune_on_answers
 
     teacher = ctx.teacher
     nan = float("nan")
@@ -246,7 +246,7 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Write the teacher's text for train prompts (with top-k targets) and held-out prompts, once."""
-    from ..compression.generation_data import explain_prompts, generate, pick
+    from ..compression.generator_data import explain_prompts, generate, pick
 
     settings = ctx.settings.teacher_text
     sampling = Sampling(settings.max_new_tokens, settings.temperature, seed=settings.seed)
@@ -303,7 +303,7 @@ def run_prune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 
 def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Stage (a): forward KL to the teacher on its cached text."""
-    from ..compression.generation_distill import distill_offpolicy
+    from ..compression.generator_distill import distill_offpolicy
 
     student = ctx.load_student("gen_prune")
     report = distill_offpolicy(
@@ -317,7 +317,7 @@ def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 
 def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Stage (b): forward KL on the student's own samples (mixed with teacher text), from stage (a)."""
-    from ..compression.generation_distill import OnPolicySettings, distill_onpolicy
+    from ..compression.generator_distill import OnPolicySettings, distill_onpolicy
 
     settings = ctx.settings.onpolicy
     student = ctx.load_student("gen_offpolicy")
@@ -519,7 +519,7 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
     taken when a stage first needs it."""
     import torch
 
-    from ..compression.generation_data import end_token_ids
+    from ..compression.generator_data import end_token_ids
 
     device = recipe.generator.device
     if device == "auto":

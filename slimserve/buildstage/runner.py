@@ -260,13 +260,13 @@ def _model_name(recipe: Recipe, kind: str) -> str:
 def _latest(recipe: Recipe, kind: str):
     """The latest bundle of the scorer (``kind="scorer"``) or the generator in the recipe's repository."""
     from ..bundle import BundleError, bundle_dir_for, load_bundle
-    from ..generation_bundle import load_generation_bundle
+    from ..generator_bundle import load_generator_bundle
 
     repository, name = recipe.publish.model_repository, _model_name(recipe, kind)
     try:
         if kind == "scorer":
             return load_bundle(bundle_dir_for(repository, name))
-        return load_generation_bundle(bundle_dir_for(repository, name))
+        return load_generator_bundle(bundle_dir_for(repository, name))
     except (BundleError, OSError):
         return None
 

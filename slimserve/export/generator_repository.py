@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..bundle import sha256_file
 from ..cache import cache_dir
-from ..generation_bundle import GenerationBundle
+from ..generator_bundle import GeneratorBundle
 from ..prompts import END_OF_TURN, EXPLAIN_TEMPLATE_VERSION
 from ..triton_models.generator import GENAI_CONFIG_FILE
 from .generator_config import GENERATOR_MODEL, GeneratorExportConfig
@@ -133,7 +133,7 @@ def default_eos_token_ids(model, tokenizer_file: Path) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def _model_card(bundle: GenerationBundle, report: dict) -> str:
+def _model_card(bundle: GeneratorBundle, report: dict) -> str:
     lines = [
         f"# {bundle.model_name}: generator ({bundle.precision})",
         "",
@@ -215,7 +215,7 @@ def publish_generator(model, tokenizer_file: Path, config: GeneratorExportConfig
     with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-") as tmp:
         tmp = Path(tmp)
         graph, report = _export_checked(model, tokenizer_file, sequences, config, tmp)
-        bundle = GenerationBundle(
+        bundle = GeneratorBundle(
             model_name=name,
             model_version=0,  # set at publish
             prompt_template_version=EXPLAIN_TEMPLATE_VERSION,

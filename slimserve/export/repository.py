@@ -38,7 +38,7 @@ from slimserve.bundle import (
     sha256_file,
 )
 from slimserve.export.triton_config import TritonModelSpec, render_config_pbtxt
-from slimserve.generation_bundle import GenerationBundle
+from slimserve.generator_bundle import GeneratorBundle
 
 CONFIG_FILE = "config.pbtxt"
 MODEL_CARD_FILE = "MODEL_CARD.md"
@@ -148,7 +148,7 @@ def publish_version(
     repository: Path,
     spec: TritonModelSpec,
     files: Mapping[str, Path],
-    bundle: ServingBundle | GenerationBundle | None,
+    bundle: ServingBundle | GeneratorBundle | None,
     tokenizer_file: Path | None,
     model_card: str,
     version: int | None = None,
@@ -243,7 +243,7 @@ def _stage_version(
     spec: TritonModelSpec,
     files: dict[str, Path],
     weights: tuple[str, ...],
-    bundle: ServingBundle | GenerationBundle | None,
+    bundle: ServingBundle | GeneratorBundle | None,
     tokenizer_file: Path | None,
     model_card: str,
     version: int,
@@ -263,7 +263,7 @@ def _stage_version(
         assert tokenizer_file is not None
         named = dataclasses.replace(bundle, model_name=spec.name, model_version=version, content_hash="")
         content_hash = compute_content_hash(named, weight_hashes)
-        # Each bundle type writes itself (ServingBundle: bundle.json; GenerationBundle: generation.json).
+        # Each bundle type writes itself (ServingBundle: bundle.json; GeneratorBundle: generation.json).
         dataclasses.replace(named, content_hash=content_hash).write(directory / BUNDLE_DIR, tokenizer_file)
     else:
         payload = json.dumps(

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE
-from slimserve.generation_bundle import GenerationBundle, load_generation_bundle
+from slimserve.generator_bundle import GeneratorBundle, load_generator_bundle
 
 from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, InvalidArgument
@@ -100,7 +100,7 @@ class ReasoningCore(ServiceCore):
 
     def __init__(
         self,
-        bundle: GenerationBundle,
+        bundle: GeneratorBundle,
         tokenizer: Tokenizer,
         client: TritonGeneratorClient,
         config: ReasoningServiceConfig,
@@ -119,7 +119,7 @@ class ReasoningCore(ServiceCore):
         from ..triton.client import TritonGeneratorClient
 
         directory = config.resolved_bundle_dir()
-        bundle = load_generation_bundle(directory)
+        bundle = load_generator_bundle(directory)
         check_template_version(
             directory,
             bundle.prompt_template_version,

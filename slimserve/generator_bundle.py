@@ -20,7 +20,7 @@ RENAMED_FIELDS = {"template_version": "prompt_template_version"}
 
 
 @dataclass(frozen=True)
-class GenerationBundle:
+class GeneratorBundle:
     """What a service must know about the generator version it calls."""
 
     model_name: str
@@ -48,7 +48,7 @@ class GenerationBundle:
         return write_manifest(directory, GENERATION_FILE, self.manifest(), tokenizer_file)
 
 
-def load_generation_bundle(directory: Path) -> GenerationBundle:
+def load_generator_bundle(directory: Path) -> GeneratorBundle:
     """Read and check a generator bundle directory; raise ``BundleError`` naming what is wrong."""
     directory = Path(directory)
     path = directory / GENERATION_FILE
@@ -56,20 +56,18 @@ def load_generation_bundle(directory: Path) -> GenerationBundle:
     for old, new in RENAMED_FIELDS.items():
         if old in data and new not in data:
             data[new] = data.pop(old)
-    unknown = sorted(set(data) - {f.name for f in fields(GenerationBundle)})
+    unknown = sorted(set(data) - {f.name for f in fields(GeneratorBundle)})
     if unknown:
         raise BundleError(f"{path}: unknown fields {unknown}")
     try:
-        bundle = GenerationBundle(**{**data, "eos_token_ids": tuple(data["eos_token_ids"])})
+        bundle = GeneratorBundle(**{**data, "eos_token_ids": tuple(data["eos_token_ids"])})
     except (TypeError, KeyError) as exc:
         raise BundleError(f"{path}: malformed generator bundle: {exc}") from exc
     check_bundle_files(directory, GENERATION_FILE, bundle.tokenizer_sha256, bundle.content_hash)
     return bundle
 
 
-def generation_bundle_dir(
-    repository: Path, model_name: str = "generator", version: int | None = None
-) -> Path:
+def generator_bundle_dir(repository: Path, model_name: str = "generator", version: int | None = None) -> Path:
     """The bundle directory of a generator version (latest when None)."""
     from .bundle import bundle_dir_for
 

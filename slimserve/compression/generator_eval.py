@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .generation_data import Sampling, generate
-from .generation_distill import response_batch, response_logprobs
+from .generator_data import Sampling, generate
+from .generator_distill import response_batch, response_logprobs
 
 
 @dataclass

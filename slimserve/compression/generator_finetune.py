@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .batches import batch_indices
-from .generation_distill import _run, response_batch, response_logprobs
+from .generator_distill import _run, response_batch, response_logprobs
 from .trainer import TrainConfig, TrainReport
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .batches import batch_indices, pad_right
-from .generation_data import Sampling, TeacherText, generate
+from .generator_data import Sampling, TeacherText, generate
 from .trainer import TrainConfig, TrainReport, train
 
 log = logging.getLogger(__name__)
