@@ -72,6 +72,26 @@ def packaged_teacher():
     return load_teacher("default")
 
 
+PACKAGED_HEAD_LAYERS = 6
+
+
+@pytest.fixture(scope="session")
+def packaged_teacher_head(packaged_teacher):
+    """The packaged teacher cut to its bottom ``PACKAGED_HEAD_LAYERS`` of 30 decoder layers: its real
+    weights, tokenizer, grouped-query attention and tied head, so an export of it converts every operator
+    the full depth has, in a fraction of the time (the depth only repeats them)."""
+    import copy
+
+    from slimserve.models.teacher import LoadedModel
+
+    model = copy.deepcopy(packaged_teacher.model)
+    model.model.layers = model.model.layers[:PACKAGED_HEAD_LAYERS]
+    model.config.num_hidden_layers = PACKAGED_HEAD_LAYERS
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:PACKAGED_HEAD_LAYERS]
+    return LoadedModel(model.eval(), packaged_teacher.tokenizer_file, packaged_teacher.name)
+
+
 @pytest.fixture(scope="session")
 def tiny_triton(tiny_repository) -> TritonServer:
     """One Triton for the session's read-only tests (tests that kill Triton start their own)."""

@@ -77,8 +77,10 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     for row in ("| pruned (osscar) |", "| pruned (magnitude+refit) |", "| pruned (magnitude) |", "| INT8"):
         assert row in output, row  # the scorer's stage table
     assert "| generator (a)+(b) on-policy |" in output  # the generator's
-    assert "the generator stages are still running" in output
+    assert "the generator stages run now" in output
     assert output.index("Sample request") < output.index("ReasoningService on")
+    # the generator stages wait until the ScoringService answered (Triton starts on idle cores)
+    assert output.index("Sample request") < output.index("stage gen_finetune: running")
     assert "Sample explanation" in output
     assert "Teacher vs students" in output and "| scoring student (published)" in output
     assert "| generator student (published)" in output

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +31,17 @@ def is_done(stage_dir: Path, config: dict) -> bool:
     return marker.is_file() and json.loads(marker.read_text()).get("config_hash") == config_hash(config)
 
 
+def run_id(stage_dir: Path) -> str | None:
+    """The id of the finished run of a stage (new each time it runs), or None when it has not finished."""
+    marker = stage_dir / DONE_FILE
+    return json.loads(marker.read_text()).get("run") if marker.is_file() else None
+
+
 def mark_done(stage_dir: Path, config: dict, summary: dict | None = None) -> None:
     """Write the stage's resolved settings and its done-marker (last, so a crash leaves no marker)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     (stage_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
-    payload = {"config_hash": config_hash(config), **(summary or {})}
+    payload = {"config_hash": config_hash(config), "run": uuid.uuid4().hex, **(summary or {})}
     tmp = stage_dir / (DONE_FILE + ".tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     os.replace(tmp, stage_dir / DONE_FILE)

@@ -76,6 +76,27 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
 }
 
 
+# stage -> the stages whose outputs it reads (besides the data): when one of them runs again, it does too
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {
+    "teacher": ("data",),
+    "distill": ("teacher",),
+    "prune": ("teacher", "distill"),
+    "redistill": ("teacher", "prune"),
+    "teacher_speed": ("teacher",),
+    "int8": ("redistill",),
+    "gen_finetune": ("data",),
+    "gen_teacher": ("data", "gen_finetune"),
+    "gen_prune": ("gen_teacher",),
+    "gen_offpolicy": ("gen_teacher", "gen_prune"),
+    "gen_onpolicy": ("gen_teacher", "gen_offpolicy"),
+}
+
+
+def stage_inputs(stage: str) -> tuple[str, ...]:
+    """The stages whose outputs ``stage`` reads (``tensorrt_sm<cc>`` reads the re-distilled student)."""
+    return ("teacher", "redistill") if stage.startswith("tensorrt") else STAGE_INPUTS.get(stage, ())
+
+
 def stage_config(recipe: Recipe, stage: str) -> dict:
     """The settings a stage's output depends on: its own and everything upstream (a changed setting
     re-runs its stage and the stages after it, not those before)."""

@@ -25,7 +25,7 @@ from ..compression.trainer import progress_bar
 from ..errors import BuildError, UserError
 from ..evaluation.generator_report import GeneratorRow
 from . import artifacts
-from .context import BuildData, dataset_dir, prepare_data, stage_config
+from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
 from .generator_recipe import GeneratorSettings
 from .recipe import Recipe
 from .resumable import StageRunner
@@ -477,7 +477,9 @@ def load_rows(stage_dir: Path, name: str = ROWS_FILE) -> list[GeneratorRow]:
 def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
     """Run (or skip, when done with the same settings) every generator stage, check the grounding of
     every model's held-out explanations, then the gates."""
-    stages = StageRunner(ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=_quality)
+    stages = StageRunner(
+        ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=_quality, inputs=stage_inputs
+    )
     by_stage: dict[str, list[GeneratorRow]] = {}
     for stage in active_stages(ctx.settings):
         stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))

@@ -1,8 +1,9 @@
 """The one loop that runs a build stage resumably, for the scorer, generator and TensorRT stages.
 
-A stage runs in ``<work_dir>/<stage>/``: skipped when its ``done.json`` matches its settings (the rows
-it saved are read back), else it resumes from a checkpoint started with the same settings or starts
-from an empty directory, saves its rows, writes ``config.json`` and the done-marker last.
+A stage runs in ``<work_dir>/<stage>/``: skipped when its ``done.json`` matches its settings and the
+runs of the stages whose outputs it reads (the rows it saved are read back), else it resumes from a
+checkpoint started with the same settings or starts from an empty directory, saves its rows, writes
+``config.json`` and the done-marker last. A stage that runs again thus runs the stages after it again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ def _no_quality(rows: list) -> str:
     return ""
 
 
+def _no_inputs(stage: str) -> tuple[str, ...]:
+    return ()
+
+
 @dataclass
 class StageRunner:
     """Runs stages in ``work``, recording each run's seconds in ``seconds``; ``rows_file`` and
@@ -32,10 +37,13 @@ class StageRunner:
     rows_file: str = "rows.json"
     load_rows: Callable[[Path, str], list] = artifacts.load_rows
     quality: Callable[[list], str] = _no_quality
+    inputs: Callable[[str], tuple[str, ...]] = _no_inputs  # the stages whose outputs a stage reads
 
     def run(self, stage: str, config: dict, fn: Callable[[Path], list]) -> list:
-        """``fn(out)``'s rows, or the saved rows of an earlier run that finished with the same ``config``."""
+        """``fn(out)``'s rows, or the saved rows of an earlier run that finished with the same ``config``
+        after the same runs of its input stages."""
         out = self.work / stage
+        config = {**config, "input_runs": {s: artifacts.run_id(self.work / s) for s in self.inputs(stage)}}
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
             return self.load_rows(out, self.rows_file)

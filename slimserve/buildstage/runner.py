@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
-from .context import BuildData, dataset_dir, prepare_data, stage_config
+from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
 from .recipe import Recipe
 from .resumable import StageRunner
 
@@ -85,7 +85,7 @@ def run_build(
     work.mkdir(parents=True, exist_ok=True)
     (work / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
     seconds: dict[str, float] = {}
-    stages = StageRunner(work, seconds, quality=_quality)
+    stages = StageRunner(work, seconds, quality=_quality, inputs=stage_inputs)
 
     def timed(stage: str, fn):
         return stages.run(stage, stage_config(recipe, stage), fn)

@@ -1,0 +1,37 @@
+"""The resumable stage loop: a finished stage is skipped, one that ran again runs the ones after it again."""
+
+from __future__ import annotations
+
+from slimserve.buildstage.context import stage_inputs
+from slimserve.buildstage.resumable import StageRunner
+from slimserve.evaluation.report import StageRow
+
+
+def _row(name: str) -> StageRow:
+    nan = float("nan")
+    return StageRow(name, nan, nan, nan)
+
+
+def test_a_stage_run_again_runs_the_stages_that_read_it_again(tmp_path):
+    ran: list[str] = []
+    inputs = {"student": ("teacher",), "int8": ("student",)}.get
+
+    def build(seconds: dict) -> None:
+        stages = StageRunner(tmp_path, seconds, inputs=lambda stage: inputs(stage, ()))
+        for stage in ("teacher", "student", "int8"):
+            stages.run(stage, {"lr": 1}, lambda out, stage=stage: ran.append(stage) or [_row(stage)])
+
+    build({})
+    assert ran == ["teacher", "student", "int8"]
+    build({})
+    assert ran == ["teacher", "student", "int8"]  # all done before: nothing runs
+    (tmp_path / "student" / "done.json").unlink()  # as if it had been removed
+    seconds: dict = {}
+    build(seconds)
+    assert ran[3:] == ["student", "int8"] and set(seconds) == {"student", "int8"}
+
+
+def test_every_stage_that_reads_another_stage_names_it():
+    assert stage_inputs("int8") == ("redistill",)
+    assert "gen_finetune" in stage_inputs("gen_teacher")  # the fine-tuned teacher writes the text
+    assert stage_inputs("tensorrt_sm89") == ("teacher", "redistill")
