@@ -267,9 +267,11 @@ def test_onnx_greedy_matches_pytorch_for_prompts_of_different_lengths(published,
 
 
 @pytest.mark.slow
-def test_packaged_teacher_exports_with_parity_and_int8(tmp_path, packaged_teacher):
-    """SmolLM2-135M: FP32 greedy parity on explanation prompts, then the INT8 graph published."""
-    teacher = packaged_teacher
+def test_packaged_teacher_exports_with_parity_and_int8(tmp_path, packaged_teacher_head):
+    """SmolLM2-135M, its bottom six layers (``packaged_teacher_head``: real weights, tokenizer, attention
+    layout and vocabulary; the full depth repeats the same operators): FP32 greedy parity on explanation
+    prompts, then the INT8 graph published."""
+    teacher = packaged_teacher_head
     config = GeneratorExportConfig(
         model_repository=tmp_path / "repo", quantize="int8", source_model=teacher.name, parity_tokens=16
     )
