@@ -312,6 +312,8 @@ def _start_build(recipe, loop) -> _Build:
 
     build = _Build(loop, loop.create_future(), loop.create_future(), loop.create_future())
     milestones = (build.scorer, build.generator, build.done)
+    for future in milestones:  # the build's error is raised from the first one awaited; the others
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # hold the same error
 
     def scorer_published(result) -> None:
         build.post(build.scorer, result)
