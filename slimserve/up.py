@@ -324,7 +324,7 @@ def _start_build(recipe, loop) -> _Build:
             result = run_build(
                 recipe,
                 command=f"slimserve build --recipe {recipe.name}",
-                on_scorer_published=lambda result: scorer_published(result),
+                on_scorer_published=scorer_published,
                 on_generator_published=lambda result: build.post(build.generator, result),
             )
         except BaseException as exc:  # handed to the event loop, raised there

@@ -203,26 +203,37 @@ def _report_and_publish(
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data"})
     measure_teacher = teacher_speed or (lambda rows: None)
-    if on_scorer_published is None:
-        measure_teacher(rows)
-        if generator is not None:
-            result.generator_rows = generator_stages.run_generator(generator, seconds)
-    card = _write_report(recipe, result, command)
-    result.published = _publish_once(recipe, "scorer", lambda: publisher(card), scorer_ran)
-    if on_scorer_published is not None:
-        on_scorer_published(result)
-        if generator is not None:
-            result.generator_rows = generator_stages.run_generator(generator, seconds)
-    if generator is not None:
+
+    def publish_scorer() -> None:
+        card = _write_report(recipe, result, command)
+        result.published = _publish_once(recipe, "scorer", lambda: publisher(card), scorer_ran)
+
+    def publish_generator() -> None:
+        if generator is None:
+            return
         generator_ran = bool(set(seconds) & set(generator_stages.active_stages(generator.settings)))
         result.generator_published = _publish_once(
             recipe, "generator", lambda: generator_stages.publish(generator), generator_ran or scorer_ran
         )
-    if on_scorer_published is not None:
-        if on_generator_published is not None:
-            on_generator_published(result)
+
+    def run_generator() -> None:
+        if generator is not None:
+            result.generator_rows = generator_stages.run_generator(generator, seconds)
+
+    if on_scorer_published is None:  # everything measured and gated before anything is published
         measure_teacher(rows)
-        _write_report(recipe, result, command)
+        run_generator()
+        publish_scorer()
+        publish_generator()
+        return result
+    publish_scorer()
+    on_scorer_published(result)
+    run_generator()
+    publish_generator()
+    if on_generator_published is not None:
+        on_generator_published(result)
+    measure_teacher(rows)
+    _write_report(recipe, result, command)
     return result
 
 
