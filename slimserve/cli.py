@@ -39,11 +39,10 @@ def _setup_logging(verbose: bool) -> None:
 # -- export -------------------------------------------------------------------------------------------
 def _add_export(sub) -> None:
     from .export.pipeline import ScorerExportConfig
-    from .settings import add_config_flags
+    from .settings import add_config_arguments
 
     parser = sub.add_parser("export", help="export a teacher as the scoring model into a Triton repository")
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with export settings")
-    add_config_flags(parser, ScorerExportConfig)
+    add_config_arguments(parser, ScorerExportConfig)
     parser.set_defaults(handler=_run_export)
 
 
@@ -111,12 +110,11 @@ def _add_data(sub) -> None:
 
 # -- triton -------------------------------------------------------------------------------------------
 def _add_triton(sub) -> None:
-    from .settings import add_config_flags
+    from .settings import add_config_arguments
     from .triton_config import TritonConfig
 
     parser = sub.add_parser("triton", help="run the Triton server alone on a model repository")
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with TritonConfig settings")
-    add_config_flags(parser, TritonConfig)
+    add_config_arguments(parser, TritonConfig)
     parser.set_defaults(handler=_run_triton)
 
 
@@ -137,11 +135,10 @@ def _run_triton(args: argparse.Namespace) -> int:
 # -- serve --------------------------------------------------------------------------------------------
 def _add_serve(sub) -> None:
     from .serving.scoring.config import ScoringServiceConfig
-    from .settings import add_config_flags
+    from .settings import add_config_arguments
 
     parser = sub.add_parser("serve", help="run the scoring gRPC service against a running Triton")
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with service settings")
-    add_config_flags(parser, ScoringServiceConfig)
+    add_config_arguments(parser, ScoringServiceConfig)
     parser.set_defaults(handler=_run_serve)
 
 
@@ -163,7 +160,7 @@ def _add_reasoning(sub) -> None:
 
 # -- up -----------------------------------------------------------------------------------------------
 def _add_up(sub) -> None:
-    from .settings import add_config_flags
+    from .settings import add_config_arguments
     from .up_config import UpConfig
 
     parser = sub.add_parser(
@@ -171,8 +168,7 @@ def _add_up(sub) -> None:
         help="build the default recipe (or --recipe) unless already published, start Triton and the "
         "services, answer sample requests, serve; --teacher-only: the teacher zero-shot, no build",
     )
-    parser.add_argument("--config", type=Path, help="YAML/JSON file with UpConfig settings")
-    add_config_flags(parser, UpConfig)
+    add_config_arguments(parser, UpConfig)
     parser.set_defaults(handler=_run_up)
 
 

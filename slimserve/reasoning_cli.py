@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from .channel import add_client_security_flags, security_from_args
 
@@ -19,11 +18,10 @@ DEFAULT_TARGET = "127.0.0.1:50052"
 def add_reasoning_commands(sub) -> None:
     """Register the reasoning subcommands on the ``slimserve`` subparsers."""
     from .serving.reasoning.config import ReasoningServiceConfig
-    from .settings import add_config_flags
+    from .settings import add_config_arguments
 
     serve = sub.add_parser("serve-reasoning", help="run the reasoning gRPC service against a running Triton")
-    serve.add_argument("--config", type=Path, help="YAML/JSON file with service settings")
-    add_config_flags(serve, ReasoningServiceConfig)
+    add_config_arguments(serve, ReasoningServiceConfig)
     serve.set_defaults(handler=_run_serve_reasoning)
 
     explain = sub.add_parser("explain", help="stream an explanation of why an item suits a member")

@@ -143,6 +143,13 @@ def _flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def add_config_arguments(parser: argparse.ArgumentParser, model_cls: type[BaseModel]) -> None:
+    """A command's settings on its command line: ``--config FILE`` and one flag per field
+    (``add_config_flags``); ``config_from_args`` reads them back."""
+    parser.add_argument("--config", type=Path, help=f"YAML/JSON file with {model_cls.__name__} settings")
+    add_config_flags(parser, model_cls)
+
+
 def add_config_flags(parser: argparse.ArgumentParser, model_cls: type[BaseModel]) -> None:
     """Add one ``--field-name`` flag per config field (help = its description); absent flags stay unset.
 

@@ -15,15 +15,28 @@ from tokenizers import Tokenizer
 
 # Tokens kept from the end of an over-long prompt: the question and the answer cue must survive.
 TAIL_TOKENS = 24
+# Words the tokenizer's BPE cache keeps (the library's default, 10,000, let a service's resident memory grow
+# by about 30 MiB under varied input, e.g. the fuzz case of `bench faults`; the prompt templates' words
+# still hit this many). docs/faults.md, "Where the fuzz case's RSS growth came from".
+WORD_CACHE_CAPACITY = 1000
+
+
+def load_tokenizer(tokenizer_file: Path) -> Tokenizer:
+    """A ``tokenizers`` tokenizer without padding or truncation, its word cache bounded."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    resize = getattr(tokenizer.model, "_resize_cache", None)  # BPE and Unigram models have a word cache
+    if resize is not None:
+        resize(WORD_CACHE_CAPACITY)
+    return tokenizer
 
 
 class PromptTokenizer:
     """Encodes prompts to token ids within a maximum length (head + tail kept when too long)."""
 
     def __init__(self, tokenizer_file: Path, max_length: int, pad_token_id: int = 0):
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
+        self._tokenizer = load_tokenizer(tokenizer_file)
         self.max_length = max_length
         self.pad_token_id = pad_token_id
 

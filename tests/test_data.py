@@ -291,3 +291,36 @@ def test_check_command_raises_a_user_error_for_a_bad_file(small_dir):
     args = _parse(["data", "check", str(small_dir)])
     with pytest.raises(UserError, match=r"interactions.jsonl:17: label: expected 0 or 1, got 2"):
         args.handler(args)
+
+
+# -- renamed skills (generator distillation prompts) ---------------------------------------------------
+def test_renamed_skills_keep_the_pair_s_facts_with_unseen_names(default_synth):
+    import random
+
+    from slimserve.data.renaming import RENAMING_SKILLS, renamed_skills, with_renamed_share
+    from slimserve.pair_facts import verdict_for
+
+    dataset, _ = default_synth
+    examples = split_dataset(dataset, seed=0, pool_factor=0).train[:200]
+    rng = random.Random(3)
+    for example in examples:
+        renamed = renamed_skills(example, rng)
+        member, item = renamed.member, renamed.item
+        assert set(member.skills) | set(item.required_skills) <= set(RENAMING_SKILLS)
+        shared = set(member.skills) & set(item.required_skills)
+        assert len(shared) == len(set(example.member.skills) & set(example.item.required_skills))
+        assert verdict_for(member, item) == verdict_for(example.member, example.item)
+        assert (member.id, item.id, renamed.label) == (example.member.id, example.item.id, example.label)
+    assert with_renamed_share(examples, 0.0, seed=1) == examples
+    assert with_renamed_share(examples, 0.5, seed=1) == with_renamed_share(examples, 0.5, seed=1)
+    changed = sum(a != b for a, b in zip(with_renamed_share(examples, 0.5, seed=1), examples, strict=True))
+    assert 70 < changed < 130
+
+
+def test_renaming_list_leaves_out_the_dataset_and_the_demo_skills():
+    from slimserve.data.renaming import RENAMING_SKILLS, dataset_skills
+    from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+
+    demo = set(EXAMPLE_MEMBER.skills) | {s for item in example_candidates() for s in item.required_skills}
+    assert len(set(RENAMING_SKILLS)) == len(RENAMING_SKILLS) > 100
+    assert not set(RENAMING_SKILLS) & (dataset_skills() | demo)

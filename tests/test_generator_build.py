@@ -159,6 +159,23 @@ def test_evaluation_of_a_model_against_itself_and_hf_loss():
     assert evaluate_text(other, model, prompts, responses).kl > 0
 
 
+def test_evaluation_reuses_the_cached_teacher_logprobs():
+    teacher = load_teacher("tiny", seed=1).model
+    student = load_teacher("tiny", seed=2).model
+    prompts, responses = [[5, 6, 7], [8, 9], [3, 4]], [[10, 11], [12, 13, 14], [15]]
+    fresh = evaluate_text(student, teacher, prompts, responses, batch_size=2)
+    cache: list = []
+    first = evaluate_text(student, teacher, prompts, responses, batch_size=2, teacher_cache=cache)
+    assert len(cache) == 2 and first == fresh
+    calls = []
+    hook = teacher.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        again = evaluate_text(student, teacher, prompts, responses, batch_size=2, teacher_cache=cache)
+    finally:
+        hook.remove()
+    assert again == fresh and not calls  # the teacher did not run again
+
+
 def test_resume_skips_finished_generator_stages(built, caplog):
     recipe, ctx, first, _ = built
     (recipe.resolved_work_dir() / "gen_onpolicy" / "done.json").unlink()  # died during stage (b)

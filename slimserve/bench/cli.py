@@ -12,14 +12,7 @@ from pathlib import Path
 
 from ..channel import add_client_security_flags, security_from_args
 from ..errors import UserError
-
-
-def _add_config(parser: argparse.ArgumentParser, model: type) -> None:
-    """``--config FILE`` and one flag per field of ``model`` (``settings.add_config_flags``)."""
-    from ..settings import add_config_flags
-
-    parser.add_argument("--config", type=Path, help=f"YAML/JSON file with {model.__name__} settings")
-    add_config_flags(parser, model)
+from ..settings import add_config_arguments
 
 
 def _config(model: type, args: argparse.Namespace):
@@ -44,7 +37,7 @@ def _add_latency(kinds) -> None:
     from .config import LatencyBenchConfig
 
     parser = kinds.add_parser("latency", help="Score latency (p50/p99), one request at a time")
-    _add_config(parser, LatencyBenchConfig)
+    add_config_arguments(parser, LatencyBenchConfig)
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     add_client_security_flags(parser)
     parser.set_defaults(handler=_run_latency)
@@ -69,7 +62,7 @@ def _add_triton(kinds) -> None:
     from .config import TritonBenchConfig
 
     parser = kinds.add_parser("triton", help="perf_analyzer against the repository's models on Triton")
-    _add_config(parser, TritonBenchConfig)
+    add_config_arguments(parser, TritonBenchConfig)
     parser.add_argument("--csv", type=Path, help="write the typed points to this CSV file")
     parser.add_argument("--json", type=Path, help="write the typed points to this JSON file")
     parser.set_defaults(handler=_run_triton)
@@ -123,7 +116,7 @@ def _add_grpc(kinds) -> None:
     from .config import GrpcBenchConfig
 
     parser = kinds.add_parser("grpc", help="asyncio load generator against a running service (loopback)")
-    _add_config(parser, GrpcBenchConfig)
+    add_config_arguments(parser, GrpcBenchConfig)
     parser.add_argument("--json", type=Path, help="write the points to this JSON file")
     add_client_security_flags(parser)
     parser.set_defaults(handler=_run_grpc)
@@ -154,7 +147,7 @@ def _run_grpc(args: argparse.Namespace) -> int:
 def _add_compare_args(parser: argparse.ArgumentParser) -> None:
     from .config import CompareConfig
 
-    _add_config(parser, CompareConfig)
+    add_config_arguments(parser, CompareConfig)
 
 
 def _compare_config(args: argparse.Namespace):
@@ -268,7 +261,7 @@ def _add_layouts(kinds) -> None:
         "layouts",
         help="multi-item vs single-sequence scoring of the same student: floors and served, side by side",
     )
-    _add_config(parser, LayoutsConfig)
+    add_config_arguments(parser, LayoutsConfig)
     parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
     parser.set_defaults(handler=_run_layouts)
 
@@ -303,7 +296,7 @@ def _add_generators(kinds) -> None:
     parser = kinds.add_parser(
         "generators", help="the repository's generator (student) vs its teacher, Explain streams, same stack"
     )
-    _add_config(parser, GeneratorsBenchConfig)
+    add_config_arguments(parser, GeneratorsBenchConfig)
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.set_defaults(handler=_run_generators)
 
@@ -338,7 +331,7 @@ def _add_faults(kinds) -> None:
         "faults",
         help="fuzz, overload, Triton killed/frozen, SIGTERM, publish (and soak) against a stack it starts",
     )
-    _add_config(parser, FaultsConfig)
+    add_config_arguments(parser, FaultsConfig)
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.set_defaults(handler=_run_faults)
 

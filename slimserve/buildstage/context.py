@@ -48,6 +48,13 @@ def _generator_base(recipe: Recipe) -> dict:
     }
 
 
+def _generator_finetune(recipe: Recipe) -> dict:
+    """The fine-tune's settings: the generator base without the teacher-text fields it never reads."""
+    base = _generator_base(recipe)
+    text = recipe.generator.teacher_text.model_dump(mode="json", exclude={"renamed_share"})
+    return {**base, "teacher_text": text}
+
+
 # stage -> (the stage whose settings it builds on, the settings it adds)
 UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "data": (None, _scorer_data),
@@ -68,7 +75,7 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
             "max_batch_size": r.publish.max_batch_size,
         },
     ),
-    "gen_finetune": (None, _generator_base),
+    "gen_finetune": (None, _generator_finetune),
     "gen_teacher": (None, _generator_base),
     "gen_prune": ("gen_teacher", lambda r: {"student": _dump(r.generator.student)}),
     "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _dump(r.generator.offpolicy)}),

@@ -59,6 +59,14 @@ class TeacherTextSettings(_Strict):
     top_k: int = Field(64, ge=1, description="Teacher tokens kept per position as distillation targets")
     batch_size: int = Field(16, ge=1, description="Prompts generated together (left-padded, KV cache)")
     seed: int = Field(0, description="Seed of the prompt choice and of sampling")
+    renamed_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the train prompts whose skills are renamed to real ones the dataset never "
+        "uses (slimserve/data/renaming.py): the student learns to copy a pair's skills, not to recall "
+        "the dataset's",
+    )
 
 
 class GeneratorStudentSettings(_Strict):

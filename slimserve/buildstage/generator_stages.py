@@ -53,6 +53,9 @@ class GeneratorContext:
     source: str  # the teacher's name (recorded in the published bundle)
     device: str = "cpu"
     _teacher: object = field(default=None, init=False, repr=False)
+    # The teacher's log-probs on its held-out text, per evaluation batch: computed by the first evaluation,
+    # reused by every later one (the teacher and the text stay the same; a new teacher clears them).
+    heldout_teacher_logprobs: list = field(default_factory=list, init=False, repr=False)
 
     @property
     def settings(self) -> GeneratorSettings:
@@ -68,6 +71,7 @@ class GeneratorContext:
     def replace_teacher(self, load: Callable[[], object]) -> None:
         """From now on the teacher is what ``load`` returns (loaded when a stage first needs it)."""
         self.load_teacher, self._teacher = load, None
+        self.heldout_teacher_logprobs = []
 
     def load_student(self, stage: str):
         """A stage's saved model, on the generator's device."""
@@ -140,7 +144,13 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
     settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
     with progress_bar(len(heldout.prompts), f"evaluate {stage} on teacher text") as bar:
         text = evaluate_text(
-            model, ctx.teacher, heldout.prompts, heldout.responses, settings.batch_size, bar.update
+            model,
+            ctx.teacher,
+            heldout.prompts,
+            heldout.responses,
+            settings.batch_size,
+            bar.update,
+            ctx.heldout_teacher_logprobs,
         )
     row = GeneratorRow(stage, text.loss, text.kl, text.top1_agreement, notes={"heldout_tokens": text.tokens})
     if model is ctx.teacher:
@@ -247,6 +257,7 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Write the teacher's text for train prompts (with top-k targets) and held-out prompts, once."""
     from ..compression.generator_data import explain_prompts, generate, pick
+    from ..data.renaming import with_renamed_share
 
     settings = ctx.settings.teacher_text
     sampling = Sampling(settings.max_new_tokens, settings.temperature, seed=settings.seed)
@@ -255,11 +266,11 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         ("heldout", "test", settings.heldout_prompts, None),
     ):
         pool = ctx.data.examples[split]  # train prompts balanced by verdict, held-out ones as they come
-        examples = (
-            pick_by_verdict(pool, count, settings.seed)
-            if name == "train"
-            else pick(pool, count, settings.seed)
-        )
+        if name == "train":
+            examples = pick_by_verdict(pool, count, settings.seed)
+            examples = with_renamed_share(examples, settings.renamed_share, settings.seed)
+        else:
+            examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)
         with progress_bar(len(prompts), f"teacher text, {name}") as bar:
             generated = generate(

@@ -46,18 +46,25 @@ def evaluate_text(
     responses: Sequence[Sequence[int]],
     batch_size: int = 4,
     progress: Callable[[int], object] | None = None,
+    teacher_cache: list[torch.Tensor] | None = None,
 ) -> TextMetrics:
     """Teacher-forced metrics of ``model`` on ``responses`` continuing ``prompts`` (``model`` may be the
-    teacher itself: then KL is 0 and agreement 1)."""
+    teacher itself: then KL is 0 and agreement 1). ``teacher_cache``, when given, keeps the teacher's
+    log-probs per batch: filled by the first call, read by later ones on the same texts and batch size."""
     model.eval()
     teacher.eval()
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
     totals = [0.0, 0.0, 0.0]
     tokens = 0
-    for start in range(0, len(order), batch_size):
+    for number, start in enumerate(range(0, len(order), batch_size)):
         chunk = order[start : start + batch_size]
         batch = response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
-        teacher_lp = response_logprobs(teacher, batch)
+        if teacher_cache is not None and number < len(teacher_cache):
+            teacher_lp = teacher_cache[number]
+        else:
+            teacher_lp = response_logprobs(teacher, batch)
+            if teacher_cache is not None:
+                teacher_cache.append(teacher_lp)
         model_lp = teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
         for index, value in enumerate(token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))):
             totals[index] += value

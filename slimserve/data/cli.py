@@ -15,15 +15,14 @@ EXIT_OK = 0
 
 def add_data_commands(subparsers) -> None:
     """Add ``data synth`` and ``data check`` under the top-level subparsers."""
-    from ..settings import add_config_flags
+    from ..settings import add_config_arguments
     from .synth import SynthConfig
 
     parser = subparsers.add_parser("data", help="synthesize or check a JSONL dataset")
     commands = parser.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
     synth = commands.add_parser("synth", help="write a reproducible synthetic dataset")
     synth.add_argument("--out", type=Path, required=True, help="dataset directory to write (replaced)")
-    synth.add_argument("--config", type=Path, help="YAML/JSON file with SynthConfig settings")
-    add_config_flags(synth, SynthConfig)
+    add_config_arguments(synth, SynthConfig)
     synth.set_defaults(handler=run_synth)
     check = commands.add_parser("check", help="validate a dataset directory and print its splits")
     check.add_argument("directory", type=Path, help="dataset directory (members/items/interactions.jsonl)")

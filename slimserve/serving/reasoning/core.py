@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE
 from slimserve.generator_bundle import GeneratorBundle, load_generator_bundle
+from slimserve.tokenization import load_tokenizer
 
 from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, InvalidArgument
@@ -126,9 +127,7 @@ class ReasoningCore(ServiceCore):
             prompts.EXPLAIN_TEMPLATE_VERSION,
             prompts.OLDER_EXPLAIN_TEMPLATES,
         )
-        tokenizer = Tokenizer.from_file(str(directory / TOKENIZER_FILE))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+        tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
         client = TritonGeneratorClient(
             config.triton_url,
             model_name=bundle.model_name,
