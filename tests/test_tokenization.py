@@ -1,7 +1,8 @@
-"""The services' tokenizer: its word cache is bounded, so varied input cannot grow their memory."""
+"""Service memory under varied input: the tokenizer's word cache is bounded, glibc's mmap threshold fixed."""
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 
@@ -54,3 +55,10 @@ def test_word_cache_is_bounded_under_varied_input():
     # The library's default cache keeps 10,000 words: about 25 MiB here. Bounded, a few MiB at most.
     assert unbounded > 12, f"the check no longer exercises the cache: default growth {unbounded:.1f} MiB"
     assert bounded < 6, f"bounded tokenizer grew {bounded:.1f} MiB (default {unbounded:.1f} MiB)"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_services_fix_glibc_mmap_threshold():
+    from slimserve.serving.allocator import fix_mmap_threshold
+
+    assert fix_mmap_threshold() is True

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ..serving.allocator import SERVICE_ENVIRONMENT
 from ..serving.triton.launcher import free_ports, read_log_tail
 
 # The ports a stack on this host may be serving on (services, health, Triton's defaults, metrics): a
@@ -131,7 +132,11 @@ def running_service(
     log_path = Path(name)
     with open(log_path, "ab") as log_file:
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**SERVICE_ENVIRONMENT, **os.environ},  # as the service image sets it
         )
     target = f"127.0.0.1:{port}"
     try:

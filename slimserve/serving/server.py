@@ -298,5 +298,8 @@ def configure_logging(level: str = "INFO") -> None:
 
 def run_service(server: ServiceServer) -> None:
     """Run a service in this process until SIGTERM or SIGINT, then drain (the ``serve*`` commands)."""
+    from .allocator import fix_mmap_threshold
+
+    fix_mmap_threshold()
     configure_logging(server.config.log_level)
     asyncio.run(serve(server))
