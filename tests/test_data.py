@@ -318,9 +318,9 @@ def test_renamed_skills_keep_the_pair_s_facts_with_unseen_names(default_synth):
 
 
 def test_renaming_list_leaves_out_the_dataset_and_the_demo_skills():
-    from slimserve.data.renaming import RENAMING_SKILLS, dataset_skills
+    from slimserve.data.renaming import RENAMING_SKILLS
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 
     demo = set(EXAMPLE_MEMBER.skills) | {s for item in example_candidates() for s in item.required_skills}
     assert len(set(RENAMING_SKILLS)) == len(RENAMING_SKILLS) > 100
-    assert not set(RENAMING_SKILLS) & (dataset_skills() | demo)
+    assert not set(RENAMING_SKILLS) & (set(vocab.SKILLS) | demo)

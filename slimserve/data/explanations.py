@@ -221,7 +221,7 @@ def general_instructions(count: int, seed: int) -> list[str]:
     """``count`` free instructions (career and general questions), seeded."""
     rng = random.Random(f"general:{seed}")
     titles = [t for f in vocab.FAMILIES for t in f.titles]
-    skills = sorted({s for f in vocab.FAMILIES for s in f.skills})
+    skills = list(vocab.SKILLS)
     out = []
     for _ in range(count):
         template = rng.choice(_GENERAL_TEMPLATES)

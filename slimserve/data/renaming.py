@@ -13,7 +13,6 @@ import random
 from dataclasses import replace
 
 from .splits import Example
-from .vocab import FAMILIES
 
 RENAMING_SKILLS: tuple[str, ...] = (
     # software and data
@@ -42,11 +41,6 @@ RENAMING_SKILLS: tuple[str, ...] = (
     "welding", "carpentry", "cad", "autocad", "solidworks", "plc programming", "hvac",
     "electrical wiring", "forklift operation", "spanish", "french", "mandarin", "arabic", "german",
 )  # fmt: skip
-
-
-def dataset_skills() -> frozenset[str]:
-    """Every skill the synthetic dataset uses."""
-    return frozenset(s for family in FAMILIES for s in family.skills)
 
 
 def renamed_skills(example: Example, rng: random.Random) -> Example:

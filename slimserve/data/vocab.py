@@ -94,6 +94,7 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 INDUSTRIES: tuple[str, ...] = tuple(sorted({i for f in FAMILIES for i in f.industries}))
+SKILLS: tuple[str, ...] = tuple(sorted({s for f in FAMILIES for s in f.skills}))
 
 CITIES: tuple[str, ...] = (
     "Berlin",

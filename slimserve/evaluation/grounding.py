@@ -81,7 +81,7 @@ class _Vocabulary:
 def vocabulary() -> _Vocabulary:
     """The known skills, companies, cities and industries (lowercase) and one regex finding them, longest
     first (``social media`` is one mention, not also ``media``)."""
-    skills = frozenset(s.lower() for f in vocab.FAMILIES for s in f.skills)
+    skills = frozenset(s.lower() for s in vocab.SKILLS)
     companies = frozenset(c.lower() for c in vocab.COMPANIES)
     cities = frozenset(c.lower() for c in vocab.CITIES)
     industries = frozenset(i.lower() for i in vocab.INDUSTRIES)
