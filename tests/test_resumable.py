@@ -35,3 +35,20 @@ def test_every_stage_that_reads_another_stage_names_it():
     assert stage_inputs("int8") == ("redistill",)
     assert "gen_finetune" in stage_inputs("gen_teacher")  # the fine-tuned teacher writes the text
     assert stage_inputs("tensorrt_sm89") == ("teacher", "redistill")
+
+
+def test_a_stage_records_its_seconds_and_linear_flops(tmp_path):
+    import json
+
+    import torch
+
+    layer = torch.nn.Linear(8, 4)
+
+    def stage(out):
+        with torch.no_grad():
+            layer(torch.zeros(3, 5, 8))  # 15 tokens
+        return [_row("teacher")]
+
+    StageRunner(tmp_path, {}).run("teacher", {"lr": 1}, stage)
+    done = json.loads((tmp_path / "teacher" / "done.json").read_text())
+    assert done["linear_flops"] == 2 * 15 * 8 * 4 and done["seconds"] >= 0

@@ -348,8 +348,29 @@ def _run_faults(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- floor ---------------------------------------------------------------------------------------------
+def _add_floor(kinds) -> None:
+    from .floor import FloorConfig
+
+    parser = kinds.add_parser(
+        "floor", help="a build's stages: seconds, linear-layer FLOPs, and their time at this machine's peak"
+    )
+    add_config_arguments(parser, FloorConfig)
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.set_defaults(handler=_run_floor)
+
+
+def _run_floor(args: argparse.Namespace) -> int:
+    from .floor import FloorConfig, format_floor, run_floor
+
+    report = run_floor(_config(FloorConfig, args))
+    print(f"{format_floor(report)}\n\ncommand: {_command_line()}")
+    _write_json(args.json, {"command": _command_line(), **report.as_dict()})
+    return 0
+
+
 def add_bench_commands(subparsers) -> None:
-    """``slimserve bench {latency,triton,grpc,compare,report,layouts,generators,faults}``."""
+    """``slimserve bench {latency,triton,grpc,compare,report,layouts,generators,faults,floor}``."""
     parser = subparsers.add_parser("bench", help="benchmarks: perf_analyzer, gRPC load, comparison, report")
     kinds = parser.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for add in (
@@ -361,5 +382,6 @@ def add_bench_commands(subparsers) -> None:
         _add_layouts,
         _add_generators,
         _add_faults,
+        _add_floor,
     ):
         add(kinds)

@@ -64,6 +64,9 @@ class StudentSettings(_Strict):
     """The student's size: whole layers kept from the fine-tuned teacher, then distilled."""
 
     layers: int = Field(12, ge=1, description="Decoder layers kept (the most important, by measurement)")
+    layer_calibration_tokens: int = Field(
+        2048, ge=1, description="Calibration tokens that score whole layers (about L/2 passes over them)"
+    )
     distill: DistillSettings = Field(default_factory=DistillSettings)
 
 

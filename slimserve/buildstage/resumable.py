@@ -3,7 +3,8 @@
 A stage runs in ``<work_dir>/<stage>/``: skipped when its ``done.json`` matches its settings and the
 runs of the stages whose outputs it reads (the rows it saved are read back), else it resumes from a
 checkpoint started with the same settings or starts from an empty directory, saves its rows, writes
-``config.json`` and the done-marker last. A stage that runs again thus runs the stages after it again.
+``config.json`` and the done-marker last (with the run's seconds and its linear-layer FLOPs,
+``flops.LinearFlops``). A stage that runs again thus runs the stages after it again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ def _no_quality(rows: list) -> str:
 
 def _no_inputs(stage: str) -> tuple[str, ...]:
     return ()
+
+
+def _work(flops: int, seconds: float) -> str:
+    """The stage's linear-layer work and rate, for its log line (nothing when it ran none)."""
+    if flops <= 0:
+        return ""
+    from .flops import format_flops
+
+    return f" ({format_flops(flops)} in linear layers, {flops / max(seconds, 1e-9) / 1e9:.0f} GFLOP/s)"
 
 
 @dataclass
@@ -50,9 +60,15 @@ class StageRunner:
         started = time.perf_counter()
         artifacts.prepare_stage(out, config)
         log.info("stage %s: running", stage)
-        rows = fn(out)
+        from .flops import LinearFlops
+
+        with LinearFlops() as work:
+            rows = fn(out)
         artifacts.save_rows(out, rows, self.rows_file)
-        artifacts.mark_done(out, config)
-        self.seconds[stage] = time.perf_counter() - started
-        log.info("stage %s: finished in %.0f s%s", stage, self.seconds[stage], self.quality(rows))
+        seconds = time.perf_counter() - started
+        artifacts.mark_done(out, config, {"seconds": round(seconds, 1), "linear_flops": work.flops})
+        self.seconds[stage] = seconds
+        log.info(
+            "stage %s: finished in %.0f s%s%s", stage, seconds, self.quality(rows), _work(work.flops, seconds)
+        )
         return rows

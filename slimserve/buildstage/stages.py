@@ -125,7 +125,14 @@ def _prune(model, data: BuildData, recipe: Recipe, **sizes):
 def run_distill(recipe: Recipe, data: BuildData, teacher_dir: Path, out: Path) -> list[StageRow]:
     """Student = the fine-tuned teacher's most important layers, distilled on train + pool."""
     teacher_lm = artifacts.load_causal_lm(teacher_dir / "model")
-    student_lm, _ = _prune(teacher_lm, data, recipe, layers_keep=recipe.student.layers)
+    student = recipe.student
+    student_lm, _ = _prune(
+        teacher_lm,
+        data,
+        recipe,
+        layers_keep=student.layers,
+        layer_calibration_tokens=student.layer_calibration_tokens,
+    )
     graph = _distill_on(student_lm, data, teacher_dir, recipe.student.distill, out, "distill")
     logits = _test_logits(graph, data)
     artifacts.save_causal_lm(student_lm, out / "model")

@@ -1,0 +1,79 @@
+"""Linear-layer FLOPs counted as they run, and ``slimserve bench floor`` over a build's records."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from slimserve.bench.floor import FloorConfig, FloorReport, format_floor, run_floor, stage_work
+from slimserve.buildstage.flops import LinearFlops
+from slimserve.errors import UserError
+
+TOKENS, IN, OUT = 6, 16, 32
+FORWARD = 2 * TOKENS * IN * OUT
+
+
+def test_forward_only_under_no_grad():
+    layer = torch.nn.Linear(IN, OUT)
+    with LinearFlops() as work, torch.no_grad():
+        layer(torch.randn(2, 3, IN))
+    assert work.flops == FORWARD
+
+
+def test_training_counts_the_backward_products():
+    layer = torch.nn.Linear(IN, OUT)
+    frozen = torch.nn.Linear(IN, IN).requires_grad_(False)
+    x = torch.randn(TOKENS, IN)
+    with LinearFlops() as work:
+        layer(x).sum().backward()  # weight gradient, no input gradient
+    assert work.flops == 2 * FORWARD
+    with LinearFlops() as work:
+        layer(frozen(x)).sum().backward()  # the frozen layer: forward only (nothing needs its gradient)
+    assert work.flops == 2 * FORWARD + 2 * TOKENS * IN * IN
+    with LinearFlops() as work:
+        layer(x.requires_grad_()).sum().backward()  # input and weight gradients
+    assert work.flops == 3 * FORWARD
+
+
+def test_other_threads_and_closed_meters_are_not_counted():
+    layer = torch.nn.Linear(IN, OUT)
+    with LinearFlops() as work, torch.no_grad():
+        thread = threading.Thread(target=lambda: layer(torch.randn(TOKENS, IN)))
+        thread.start()
+        thread.join()
+    layer(torch.randn(TOKENS, IN))
+    assert work.flops == 0
+
+
+def _mark(work_dir, stage, seconds, flops):
+    (work_dir / stage).mkdir(parents=True)
+    (work_dir / stage / "done.json").write_text(json.dumps({"seconds": seconds, "linear_flops": flops}))
+
+
+def test_floor_reads_the_stages_in_build_order(tmp_path):
+    _mark(tmp_path, "distill", 20.0, 10**12)
+    _mark(tmp_path, "teacher", 50.0, 4 * 10**12)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "done.json").write_text(json.dumps({"config_hash": "x"}))  # recorded nothing
+    works = stage_work(tmp_path)
+    assert [w.stage for w in works] == ["teacher", "distill"]
+    report = FloorReport(10**11, {"576->1536": 10**11}, works)  # 100 GFLOP/s
+    assert report.floor_seconds(works[0]) == pytest.approx(40.0)
+    table = format_floor(report)
+    assert "| teacher | 50 | 4.0 | 80 | 40 |" in table
+    assert "| until the scorer is published | 70 | 5.0 | 71 | 50 |" in table
+
+
+def test_floor_names_the_work_dir_without_records(tmp_path):
+    with pytest.raises(UserError, match="work_dir"):
+        run_floor(FloorConfig(work_dir=tmp_path))
+
+
+def test_matmul_peak_is_measured():
+    from slimserve.bench.floor import matmul_peak
+
+    rates = matmul_peak(FloorConfig(hidden=32, intermediate=64, rows=64, seconds=0.05))
+    assert set(rates) == {"32->64", "64->32", "32->32"} and min(rates.values()) > 0
