@@ -324,3 +324,13 @@ def test_renaming_list_leaves_out_the_dataset_and_the_demo_skills():
     demo = set(EXAMPLE_MEMBER.skills) | {s for item in example_candidates() for s in item.required_skills}
     assert len(set(RENAMING_SKILLS)) == len(RENAMING_SKILLS) > 100
     assert not set(RENAMING_SKILLS) & (set(vocab.SKILLS) | demo)
+
+
+def test_held_out_skills_are_in_no_training_prompt_and_hold_the_demo_s():
+    from slimserve.data.renaming import HELD_OUT_SKILLS, RENAMING_SKILLS
+    from slimserve.examples import EXAMPLE_MEMBER, example_candidates
+
+    demo = set(EXAMPLE_MEMBER.skills) | {s for item in example_candidates() for s in item.required_skills}
+    assert len(set(HELD_OUT_SKILLS)) == len(HELD_OUT_SKILLS) > 50
+    assert not set(HELD_OUT_SKILLS) & (set(vocab.SKILLS) | set(RENAMING_SKILLS))
+    assert demo - set(vocab.SKILLS) <= set(HELD_OUT_SKILLS)

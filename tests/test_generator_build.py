@@ -297,6 +297,14 @@ def test_every_model_is_evaluated_for_grounding(built):
         assert math.isnan(row.decision_agreement)
     checks = json.loads((recipe.resolved_work_dir() / "gen_onpolicy" / "grounding.json").read_text())
     assert len(checks["generator (a)+(b) on-policy"]) == pairs
+    unseen = recipe.generator.evaluation.unseen_skill_prompts
+    assert unseen and all(row.unseen_pairs == unseen for row in rows)
+    renamed = checks["generator (a)+(b) on-policy (unseen skills)"]
+    from slimserve.data.renaming import HELD_OUT_SKILLS
+
+    assert len(renamed) == unseen and all(
+        set(c["named_shared_skills"]) <= set(HELD_OUT_SKILLS) for c in renamed
+    )
     assert {"text", "verdict", "expected_verdict", "foreign_terms"} <= set(
         checks["generator (a)+(b) on-policy"][0]
     )
@@ -304,6 +312,7 @@ def test_every_model_is_evaluated_for_grounding(built):
 
     table = generator_table(rows)
     assert "| hallucination | coverage | verdict = facts | verdict = scorer |" in table
+    assert "| unseen skills: hallucination | unseen skills: coverage |" in table
     assert "| generator teacher (zero-shot) | - | - | - |" in table
 
 

@@ -242,6 +242,19 @@ def test_wrong_verdict_and_missing_coverage_are_caught():
     assert check_explanation(MEMBER, item(required_skills=("figma",)), "Weak fit.").covered is None
 
 
+def test_skills_outside_the_dataset_are_read_on_renamed_pairs():
+    """A pair renamed to held-out skills: copying them covers; a garbled name does not; a renamed skill
+    of neither side is a hallucination."""
+    member = Member(**{**MEMBER.__dict__, "skills": ("grpc", "postgresql", "docker")})
+    renamed = item(required_skills=("grpc", "postgresql", "terraform"))
+    copied = check_explanation(member, renamed, "Strong fit. You have grpc and postgresql.")
+    assert copied.covered and not copied.hallucinated
+    garbled = check_explanation(member, renamed, "Strong fit. You have postql and grcp.")
+    assert garbled.covered is False
+    foreign = check_explanation(member, renamed, "Strong fit. Your grpc and kafka fit.")
+    assert foreign.hallucinated and foreign.foreign_terms == ["skill:kafka"]
+
+
 def test_verdict_parsing():
     assert parse_verdict("  strong FIT: you have python") == "Strong fit"
     assert parse_verdict("This is a partial fit for you. Strong fit later.") == "Partial fit"

@@ -114,6 +114,13 @@ class GeneratorEvalSettings(_Strict):
         description="Test-split pairs each model explains (greedy, max_new_tokens) for the grounding "
         "evaluation: hallucination, coverage, verdict agreement (0: off)",
     )
+    unseen_skill_prompts: int = Field(
+        0,
+        ge=0,
+        description="Of those pairs, how many are explained again with their skills renamed to ones no "
+        "training prompt uses (data.renaming.HELD_OUT_SKILLS): coverage and hallucination on names the "
+        "model must copy, not recall (0: off)",
+    )
 
 
 class GeneratorGates(_Strict):
@@ -149,6 +156,16 @@ class GeneratorGates(_Strict):
         le=1,
         description="Smallest share of its Strong/Weak verdicts agreeing with the scoring student's decision "
         "(needs the scorer's stages in the same work directory)",
+    )
+    min_unseen_coverage: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Smallest coverage of shared skills on the pairs renamed to unseen skills "
+        "(evaluation.unseen_skill_prompts)",
+    )
+    max_unseen_hallucination_rate: float | None = Field(
+        None, ge=0, le=1, description="Largest hallucination rate on those renamed pairs"
     )
 
 

@@ -91,6 +91,17 @@ class GeneratorContext:
         count = self.settings.evaluation.grounding_prompts
         return pick(self.data.examples["test"], count, self.settings.teacher_text.seed) if count else []
 
+    def unseen_skill_examples(self) -> list:
+        """The first ``evaluation.unseen_skill_prompts`` grounding pairs, their skills renamed to skills
+        no training prompt uses (``data.renaming.HELD_OUT_SKILLS``; seeded, the same for every model)."""
+        import random
+
+        from ..data.renaming import HELD_OUT_SKILLS, renamed_skills
+
+        rng = random.Random(self.settings.teacher_text.seed)
+        count = self.settings.evaluation.unseen_skill_prompts
+        return [renamed_skills(e, rng, HELD_OUT_SKILLS) for e in self.grounding_examples()[:count]]
+
     @cached_property
     def tokenizer(self):
         from tokenizers import Tokenizer
@@ -101,13 +112,20 @@ class GeneratorContext:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
+UNSEEN = " (unseen skills)"  # the label suffix of a model's explanations of the renamed pairs
+
+
 def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> None:
-    """``model`` explains the grounding pairs (greedy); the texts go to ``out/explanations.json``."""
+    """``model`` explains the grounding pairs, then the pairs renamed to unseen skills (greedy); the
+    texts go to ``out/explanations.json`` under ``label`` and ``label + UNSEEN``."""
+    for examples, key in ((ctx.grounding_examples(), label), (ctx.unseen_skill_examples(), label + UNSEEN)):
+        if examples:
+            _explain(ctx, examples, key, model, out)
+
+
+def _explain(ctx: GeneratorContext, examples: list, label: str, model, out: Path) -> None:
     from ..compression.generator_data import explain_prompts, generate
 
-    examples = ctx.grounding_examples()
-    if not examples:
-        return
     settings = ctx.settings
     prompts = explain_prompts(examples, ctx.tokenizer_file, settings.teacher_text.max_prompt_tokens)
     with progress_bar(len(prompts), f"explanations of {label}") as bar:
@@ -388,32 +406,25 @@ def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
             "min_top1_agreement",
         )
     measured = f"on {final.grounding_pairs} held-out explanations"
-    if (
-        gates.max_hallucination_rate is not None
-        and not final.hallucination_rate <= gates.max_hallucination_rate
-    ):
-        raise _gate_failed(
-            final.stage,
-            f"hallucination rate {final.hallucination_rate:.3f} {measured} is above {gates.max_hallucination_rate:.3f}",
-            "max_hallucination_rate",
-        )
-    for value, limit, name, gate in (
-        (final.coverage, gates.min_coverage, "coverage of shared skills", "min_coverage"),
-        (
-            final.verdict_agreement,
-            gates.min_verdict_agreement,
-            "verdict agreement with the facts",
-            "min_verdict_agreement",
-        ),
-        (
-            final.decision_agreement,
-            gates.min_decision_agreement,
-            "verdict agreement with the scoring student",
-            "min_decision_agreement",
-        ),
-    ):
-        if limit is not None and not value >= limit:
-            raise _gate_failed(final.stage, f"{name} {value:.3f} {measured} is below {limit:.3f}", gate)
+    unseen = f"on {final.unseen_pairs} held-out pairs renamed to unseen skills"
+    for value, limit, name, gate, where in (
+        (final.hallucination_rate, gates.max_hallucination_rate, "hallucination rate", "max_hallucination_rate", measured),
+        (final.coverage, gates.min_coverage, "coverage of shared skills", "min_coverage", measured),
+        (final.verdict_agreement, gates.min_verdict_agreement, "verdict agreement with the facts",
+         "min_verdict_agreement", measured),
+        (final.decision_agreement, gates.min_decision_agreement, "verdict agreement with the scoring student",
+         "min_decision_agreement", measured),
+        (final.unseen_hallucination_rate, gates.max_unseen_hallucination_rate, "hallucination rate",
+         "max_unseen_hallucination_rate", unseen),
+        (final.unseen_coverage, gates.min_unseen_coverage, "coverage of shared skills", "min_unseen_coverage",
+         unseen),
+    ):  # fmt: skip
+        if limit is None:
+            continue
+        upper = gate.startswith("max_")
+        if not (value <= limit if upper else value >= limit):
+            relation = "above" if upper else "below"
+            raise _gate_failed(final.stage, f"{name} {value:.3f} {where} is {relation} {limit:.3f}", gate)
 
 
 def active_stages(settings: GeneratorSettings) -> tuple[str, ...]:
@@ -438,31 +449,45 @@ def scorer_decisions(ctx: GeneratorContext, examples: list) -> tuple[list[bool] 
 
 
 def attach_grounding(ctx: GeneratorContext, stage_rows: dict[str, list[GeneratorRow]]) -> None:
-    """Check every row's held-out explanations against the pairs' facts (and the scorer's decisions):
-    fills the rows' grounding figures and writes each stage's ``grounding.json``."""
-    from ..evaluation.grounding import evaluate_grounding
-
+    """Check every row's held-out explanations against the pairs' facts (and the scorer's decisions),
+    and its explanations of the pairs renamed to unseen skills: fills the rows' grounding figures and
+    writes each stage's ``grounding.json``."""
     examples = ctx.grounding_examples()
     if not examples:
         return
     decisions, source = scorer_decisions(ctx, examples)
-    keys = [f"{e.member_id}/{e.item_id}" for e in examples]
-    pairs = [(e.member, e.item) for e in examples]
+    unseen = ctx.unseen_skill_examples()
     for stage, rows in stage_rows.items():
         path = ctx.work / stage / EXPLANATIONS_FILE
         texts = json.loads(path.read_text()) if path.is_file() else {}
         checks_out = {}
         for row in rows:
-            written = {t["key"]: t["text"] for t in texts.get(row.stage, [])}
-            if [k for k in keys if k in written] != keys:
-                continue  # explained other pairs (stale) or none
-            summary, checks = evaluate_grounding(pairs, [written[k] for k in keys], decisions)
-            row.set_grounding(summary, source if decisions is not None else None)
-            checks_out[row.stage] = [
-                {"key": k, "text": written[k], **c.as_dict()} for k, c in zip(keys, checks, strict=True)
-            ]
+            summary = _grounding_of(texts.get(row.stage, []), examples, decisions, checks_out, row.stage)
+            if summary is not None:
+                row.set_grounding(summary, source if decisions is not None else None)
+            label = row.stage + UNSEEN
+            summary = _grounding_of(texts.get(label, []), unseen, None, checks_out, label) if unseen else None
+            if summary is not None:
+                row.set_unseen_grounding(summary)
         if checks_out:
             (ctx.work / stage / GROUNDING_FILE).write_text(json.dumps(checks_out, indent=1) + "\n")
+
+
+def _grounding_of(written: list[dict], examples: list, decisions, checks_out: dict, label: str):
+    """The ``GroundingSummary`` of explanations ``written`` of ``examples`` (their checks go to
+    ``checks_out[label]``), or None when they explain other pairs (stale) or none."""
+    from ..evaluation.grounding import evaluate_grounding
+
+    texts = {t["key"]: t["text"] for t in written}
+    keys = [f"{e.member_id}/{e.item_id}" for e in examples]
+    if [k for k in keys if k in texts] != keys:
+        return None
+    pairs = [(e.member, e.item) for e in examples]
+    summary, checks = evaluate_grounding(pairs, [texts[k] for k in keys], decisions)
+    checks_out[label] = [
+        {"key": k, "text": texts[k], **c.as_dict()} for k, c in zip(keys, checks, strict=True)
+    ]
+    return summary
 
 
 def _quality(rows: list[GeneratorRow]) -> str:

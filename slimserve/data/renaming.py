@@ -5,6 +5,9 @@ the pair's: given a member with ``grpc`` and ``postgresql`` it wrote "you have p
 Explanation prompts whose skills are renamed (consistently within a pair: a shared skill stays shared)
 teach it to copy what the facts say. The demo's skills outside the dataset (``slimserve.examples``) are
 left out of this list on purpose, so the demo stays a check on skills the student has never seen.
+
+``HELD_OUT_SKILLS`` are in neither list (the demo's among them): the build's evaluation renames held-out
+pairs to them, so its grounding figures on those pairs measure copying names no training prompt had.
 """
 
 from __future__ import annotations
@@ -43,11 +46,25 @@ RENAMING_SKILLS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def renamed_skills(example: Example, rng: random.Random) -> Example:
+# Skills no training prompt uses (neither the dataset nor RENAMING_SKILLS), the demo's first; long and
+# multi-token names on purpose (the student garbled "postgresql" into "postql").
+HELD_OUT_SKILLS: tuple[str, ...] = (
+    "grpc", "postgresql", "prometheus", "terraform", "css", "information retrieval",
+    "webassembly", "clickhouse", "opentelemetry", "istio", "nginx", "dynamodb", "sqlite", "fortran",
+    "cobol", "erlang", "ocaml", "flutter", "svelte", "tailwind", "blender", "premiere pro", "grafana",
+    "kubeflow", "mlflow", "onnx", "cuda", "protobuf", "webpack", "prisma", "neo4j", "memcached",
+    "zookeeper", "pulumi", "argo cd", "datadog", "splunk", "alteryx", "stata", "spss", "xero",
+    "anesthesia", "dialysis", "oncology", "pediatrics", "sonography", "montessori", "braille",
+    "cnc machining", "pipefitting", "plumbing", "solar installation", "japanese", "korean",
+    "portuguese", "swahili",
+)  # fmt: skip
+
+
+def renamed_skills(example: Example, rng: random.Random, names: tuple[str, ...] = RENAMING_SKILLS) -> Example:
     """``example`` with each distinct skill of the pair (member's and item's) replaced by a different
-    skill of ``RENAMING_SKILLS``, the same everywhere it appears."""
-    names = sorted(set(example.member.skills) | set(example.item.required_skills))
-    mapping = dict(zip(names, rng.sample(RENAMING_SKILLS, len(names)), strict=True))
+    skill of ``names``, the same everywhere it appears."""
+    skills = sorted(set(example.member.skills) | set(example.item.required_skills))
+    mapping = dict(zip(skills, rng.sample(names, len(skills)), strict=True))
     member = replace(example.member, skills=tuple(mapping[s] for s in example.member.skills))
     item = replace(example.item, required_skills=tuple(mapping[s] for s in example.item.required_skills))
     return replace(example, member=member, item=item)

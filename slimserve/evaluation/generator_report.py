@@ -26,6 +26,9 @@ class GeneratorRow(ReportRow):
     verdict_agreement: float = float("nan")  # verdict = the facts' verdict
     decision_agreement: float = float("nan")  # Strong/Weak verdict = the scoring student's decision
     grounding_pairs: int = 0
+    unseen_hallucination_rate: float = float("nan")  # the same, on pairs renamed to unseen skills
+    unseen_coverage: float = float("nan")
+    unseen_pairs: int = 0
     notes: dict = field(default_factory=dict)
 
     def set_grounding(self, summary, decision_source: str | None = None) -> None:
@@ -41,6 +44,12 @@ class GeneratorRow(ReportRow):
             if k in ("coverage_pairs", "decision_pairs", "verdicts")
         }
         self.notes["grounding"] = {**details, "decision_source": decision_source}
+
+    def set_unseen_grounding(self, summary) -> None:
+        """Take hallucination and coverage on the pairs renamed to unseen skills."""
+        self.unseen_hallucination_rate = summary.hallucination_rate
+        self.unseen_coverage = summary.coverage
+        self.unseen_pairs = summary.pairs
 
     @classmethod
     def from_dict(cls, data: dict) -> GeneratorRow:
@@ -67,6 +76,8 @@ COLUMNS = (
     ("coverage", lambda r: _fmt(r.coverage, 2)),
     ("verdict = facts", lambda r: _fmt(r.verdict_agreement, 2)),
     ("verdict = scorer", lambda r: _fmt(r.decision_agreement, 2)),
+    ("unseen skills: hallucination", lambda r: _fmt(r.unseen_hallucination_rate, 2)),
+    ("unseen skills: coverage", lambda r: _fmt(r.unseen_coverage, 2)),
 )
 
 

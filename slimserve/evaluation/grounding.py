@@ -3,7 +3,7 @@
 Per explanation (``check_explanation``):
 
 - **hallucination**: the text names a skill, company, city or industry of the dataset's vocabulary
-  (``data.vocab``) that appears nowhere in the pair (member fields and history, item fields), or it
+  (``data.vocab``, and the skills that renamed pairs use, ``data.renaming``) that appears nowhere in the pair (member fields and history, item fields), or it
   claims the member has a skill they lack;
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..data import vocab
+from ..data.renaming import HELD_OUT_SKILLS, RENAMING_SKILLS
 from ..pair_facts import VERDICTS, pair_facts, verdict_of
 from ..schema import Item, Member
 
@@ -81,7 +82,7 @@ class _Vocabulary:
 def vocabulary() -> _Vocabulary:
     """The known skills, companies, cities and industries (lowercase) and one regex finding them, longest
     first (``social media`` is one mention, not also ``media``)."""
-    skills = frozenset(s.lower() for s in vocab.SKILLS)
+    skills = frozenset(s.lower() for s in (*vocab.SKILLS, *RENAMING_SKILLS, *HELD_OUT_SKILLS))
     companies = frozenset(c.lower() for c in vocab.COMPANIES)
     cities = frozenset(c.lower() for c in vocab.CITIES)
     industries = frozenset(i.lower() for i in vocab.INDUSTRIES)
