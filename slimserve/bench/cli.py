@@ -32,6 +32,14 @@ def _command_line() -> str:
     return shlex.join(["slimserve", *sys.argv[1:]])
 
 
+def _add_configured(kinds, name: str, help_text: str, model: type, handler, json_help: str) -> None:
+    """A subcommand whose flags are ``model``'s fields (plus ``--config``), with ``--json``."""
+    parser = kinds.add_parser(name, help=help_text)
+    add_config_arguments(parser, model)
+    parser.add_argument("--json", type=Path, help=json_help)
+    parser.set_defaults(handler=handler)
+
+
 # -- latency -------------------------------------------------------------------------------------------
 def _add_latency(kinds) -> None:
     from .config import LatencyBenchConfig
@@ -257,13 +265,14 @@ def _run_report(args: argparse.Namespace) -> int:
 def _add_layouts(kinds) -> None:
     from .config import LayoutsConfig
 
-    parser = kinds.add_parser(
+    _add_configured(
+        kinds,
         "layouts",
-        help="multi-item vs single-sequence scoring of the same student: floors and served, side by side",
+        "multi-item vs single-sequence scoring of the same student: floors and served, side by side",
+        LayoutsConfig,
+        _run_layouts,
+        "write every figure to this JSON file",
     )
-    add_config_arguments(parser, LayoutsConfig)
-    parser.add_argument("--json", type=Path, help="write every figure to this JSON file")
-    parser.set_defaults(handler=_run_layouts)
 
 
 def _run_layouts(args: argparse.Namespace) -> int:
@@ -293,12 +302,14 @@ def _run_layouts(args: argparse.Namespace) -> int:
 def _add_generators(kinds) -> None:
     from .config import GeneratorsBenchConfig
 
-    parser = kinds.add_parser(
-        "generators", help="the repository's generator (student) vs its teacher, Explain streams, same stack"
+    _add_configured(
+        kinds,
+        "generators",
+        "the repository's generator (student) vs its teacher, Explain streams, same stack",
+        GeneratorsBenchConfig,
+        _run_generators,
+        "write the figures to this JSON file",
     )
-    add_config_arguments(parser, GeneratorsBenchConfig)
-    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
-    parser.set_defaults(handler=_run_generators)
 
 
 def _run_generators(args: argparse.Namespace) -> int:
@@ -327,13 +338,14 @@ def _run_generators(args: argparse.Namespace) -> int:
 def _add_faults(kinds) -> None:
     from .faults.config import FaultsConfig
 
-    parser = kinds.add_parser(
+    _add_configured(
+        kinds,
         "faults",
-        help="fuzz, overload, Triton killed/frozen, SIGTERM, publish (and soak) against a stack it starts",
+        "fuzz, overload, Triton killed/frozen, SIGTERM, publish (and soak) against a stack it starts",
+        FaultsConfig,
+        _run_faults,
+        "also write the figures to this JSON file",
     )
-    add_config_arguments(parser, FaultsConfig)
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.set_defaults(handler=_run_faults)
 
 
 def _run_faults(args: argparse.Namespace) -> int:
@@ -352,12 +364,14 @@ def _run_faults(args: argparse.Namespace) -> int:
 def _add_floor(kinds) -> None:
     from .floor import FloorConfig
 
-    parser = kinds.add_parser(
-        "floor", help="a build's stages: seconds, linear-layer FLOPs, and their time at this machine's peak"
+    _add_configured(
+        kinds,
+        "floor",
+        "a build's stages: seconds, linear-layer FLOPs, and their time at this machine's peak",
+        FloorConfig,
+        _run_floor,
+        "also write the figures to this JSON file",
     )
-    add_config_arguments(parser, FloorConfig)
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.set_defaults(handler=_run_floor)
 
 
 def _run_floor(args: argparse.Namespace) -> int:

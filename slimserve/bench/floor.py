@@ -43,9 +43,6 @@ class StageWork:
     seconds: float
     linear_flops: int
 
-    def rate(self) -> float:
-        return self.linear_flops / self.seconds if self.seconds > 0 else 0.0
-
 
 def stage_work(work_dir: Path) -> list[StageWork]:
     """The finished stages of a build that recorded their work, in build order."""
@@ -115,11 +112,14 @@ def run_floor(config: FloorConfig) -> FloorReport:
     return FloorReport(max(rates.values()), rates, stages)
 
 
-def _total(label: str, works: list[StageWork], report: FloorReport) -> str:
-    seconds = sum(w.seconds for w in works)
-    flops = sum(w.linear_flops for w in works)
+def _row(label: str, seconds: float, flops: int, report: FloorReport) -> str:
+    rate = flops / max(seconds, 1e-9) / 1e9
     floor = flops / report.peak_flops_per_s
-    return f"| {label} | {seconds:.0f} | {flops / 1e12:.1f} | {flops / max(seconds, 1e-9) / 1e9:.0f} | {floor:.0f} |"
+    return f"| {label} | {seconds:.0f} | {flops / 1e12:.1f} | {rate:.0f} | {floor:.0f} |"
+
+
+def _total(label: str, works: list[StageWork], report: FloorReport) -> str:
+    return _row(label, sum(w.seconds for w in works), sum(w.linear_flops for w in works), report)
 
 
 def format_floor(report: FloorReport) -> str:
@@ -130,11 +130,7 @@ def format_floor(report: FloorReport) -> str:
         "| stage | seconds | linear TFLOP | GFLOP/s | seconds at peak |",
         "|---|---:|---:|---:|---:|",
     ]
-    for work in report.stages:
-        lines.append(
-            f"| {work.stage} | {work.seconds:.0f} | {work.linear_flops / 1e12:.1f} | "
-            f"{work.rate() / 1e9:.0f} | {report.floor_seconds(work):.0f} |"
-        )
+    lines += [_row(w.stage, w.seconds, w.linear_flops, report) for w in report.stages]
     scorer = [w for w in report.stages if w.stage in SCORER_STAGES]
     if scorer:
         lines.append(_total("until the scorer is published", scorer, report))

@@ -15,11 +15,10 @@ import threading
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(tensor, FakeTensor) or tensor.device.type == "meta"
 
 
