@@ -21,9 +21,12 @@ from slimserve.export.generator_parity import encode_prompts, explanation_prompt
 from slimserve.export.generator_repository import build_tiny_generator_repository
 from slimserve.models.teacher import load_teacher
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig
+from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
+from slimserve.triton_models.generator import generate as run_engine
 
 MODEL = "generator"
 CHUNKED = "generator_chunked"  # the same model publishing every STREAM_INTERVAL tokens
+SHORTLISTED = "generator_shortlist"  # the same model, its LM head scoring ids 0..999 and the prompt's
 STREAM_INTERVAL = 3
 MAX_ACTIVE = 2
 MAX_QUEUED = 2
@@ -49,10 +52,11 @@ def generator_triton(tmp_path_factory):
         max_queued_requests=MAX_QUEUED,
     )
     build_tiny_generator_repository(repository, model_name=CHUNKED, stream_interval=STREAM_INTERVAL)
+    build_tiny_generator_repository(repository, model_name=SHORTLISTED, output_vocab=1000)
     config = TritonServerConfig(
         model_repository=repository,
         model_control_mode="explicit",
-        load_models=(MODEL, CHUNKED),
+        load_models=(MODEL, CHUNKED, SHORTLISTED),
         log_file=tmp_path_factory.mktemp("generator-log") / "tritonserver.log",
         startup_timeout_s=120,
         exit_timeout_s=5,
@@ -189,6 +193,17 @@ def test_greedy_tokens_stream_in_order_and_equal_pytorch(generator_triton, tiny_
     assert stream.finish_reason == "length"
     assert stream.tokens == expected
     assert len(stream.chunks) == 12  # one token per decoding step, in order, the last one final
+
+
+def test_a_shortlisted_head_streams_what_its_engine_writes_in_process(generator_triton, prompts):
+    version = generator_triton.config.model_repository / SHORTLISTED / "1"
+    engine = BatchEngine(OnnxDecoder(version / "model.onnx", 1))
+    assert engine.decoder.shortlist is not None
+    for prompt in prompts[:2]:
+        (expected,) = run_engine(engine, [GenerationRequest(tuple(prompt), 12)])
+        stream = generate(generator_triton, prompt, 12, model=SHORTLISTED)
+        assert stream.error is None and stream.finish_reason == "length"
+        assert stream.tokens == expected
 
 
 @pytest.mark.parametrize("max_tokens, sizes", [(10, [1, 3, 3, 3]), (9, [1, 3, 3, 2])])

@@ -37,6 +37,7 @@ FINAL_STAGE = GENERATOR_STAGES[-1]
 ROWS_FILE = "generator_rows.json"
 EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
+FINETUNE_SET_FILE = "finetune_set.json"  # the generator teacher's fine-tune texts: [{kind, text, ...}]
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
 
 
@@ -261,7 +262,7 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     _size_and_speed(ctx, row, teacher, probe)
     write_explanations(ctx, ZERO_SHOT_ROW, teacher, out)
     prompts, answers, records = finetune_set(ctx, teacher)
-    (out / "finetune_set.json").write_text(json.dumps(records, indent=1) + "\n")
+    (out / FINETUNE_SET_FILE).write_text(json.dumps(records, indent=1) + "\n")
     settings = ctx.settings.finetune
     report = finetune_on_answers(
         teacher, prompts, answers, settings.train, out / "checkpoint.pt", settings.train_top_layers
@@ -548,8 +549,22 @@ def publish(ctx: GeneratorContext) -> Path:
         eos_token_ids=ctx.end_ids,
     )
     return publish_generator(
-        artifacts.load_causal_lm(final_model_dir(ctx.recipe)), ctx.tokenizer_file, config
+        artifacts.load_causal_lm(final_model_dir(ctx.recipe)),
+        ctx.tokenizer_file,
+        config,
+        written_tokens(ctx) if config.output_vocab is not None else (),
     )
+
+
+def written_tokens(ctx: GeneratorContext) -> set[int]:
+    """Every token id of the texts the generator learned to write: the teacher's training text and the
+    teacher's own fine-tune answers (kept in a shortlisted LM head, ``publish.output_vocab``)."""
+    ids = {token for response in ctx.text("train").responses for token in response}
+    finetune = ctx.work / "gen_finetune" / FINETUNE_SET_FILE
+    if finetune.is_file():
+        texts = [record["text"] for record in json.loads(finetune.read_text())]
+        ids |= {token for e in ctx.tokenizer.encode_batch(texts, add_special_tokens=False) for token in e.ids}
+    return ids
 
 
 def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorContext:

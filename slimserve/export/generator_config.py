@@ -31,6 +31,12 @@ class GeneratorPublishOptions(BaseModel):
     stream_interval: int = Field(
         1, ge=1, description="Tokens per streamed response after the first (fewer messages per token)"
     )
+    output_vocab: int | None = Field(
+        None,
+        ge=1,
+        description="The LM head scores only the lowest N token ids (a BPE vocabulary's most frequent) and "
+        "the end ids, plus each running prompt's own tokens (docs/generator.md); unset: every token",
+    )
     device: Literal["cpu", "gpu"] = Field(
         "cpu", description="Where Triton runs the generator (gpu: KIND_GPU, ONNX Runtime's CUDA provider)"
     )

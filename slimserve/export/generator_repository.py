@@ -14,14 +14,14 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..bundle import sha256_file
 from ..cache import cache_dir
 from ..generator_bundle import GeneratorBundle
 from ..prompts import END_OF_TURN, EXPLAIN_TEMPLATE_VERSION
-from ..triton_models.generator import GENAI_CONFIG_FILE
+from ..triton_models.generator import GENAI_CONFIG_FILE, OUTPUT_VOCAB_FILE
 from .generator_config import GENERATOR_MODEL, GeneratorExportConfig
 from .generator_export import DecoderGraph, build_decoder_onnx, save_hf_model
 from .generator_parity import (
@@ -33,6 +33,7 @@ from .generator_parity import (
     torch_greedy,
 )
 from .onnx_export import ExportError
+from .output_vocab import shortlist, trim_lm_head
 from .repository import publish_version
 from .scorer_model import external_data_locations
 from .triton_config import InstanceGroupSpec, TensorSpec, TritonModelSpec
@@ -119,6 +120,8 @@ def generator_model_files(graph: DecoderGraph) -> dict[str, Path]:
     }
     for location in external_data_locations(graph.onnx_path):
         files[location] = graph.onnx_path.parent / location
+    if (graph.onnx_path.parent / OUTPUT_VOCAB_FILE).is_file():
+        files[OUTPUT_VOCAB_FILE] = graph.onnx_path.parent / OUTPUT_VOCAB_FILE
     return files
 
 
@@ -143,6 +146,12 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
         f"- max context {bundle.max_context}, max new tokens {bundle.max_new_tokens_limit}",
         f"- FP32 greedy parity with PyTorch: {report['parity_fp32']}",
     ]
+    if report.get("output_vocab"):
+        vocab = report["output_vocab"]
+        lines.append(
+            f"- LM head: a shortlist of {vocab['shortlist']} of {vocab['vocab_size']} tokens, plus each "
+            "running prompt's own tokens"
+        )
     if report.get("agreement_quantized"):
         lines.append(f"- {bundle.precision} greedy agreement with PyTorch: {report['agreement_quantized']}")
     return "\n".join(lines) + "\n"
@@ -168,38 +177,69 @@ def _context_limits(model, config: GeneratorExportConfig) -> tuple[int, int]:
     return max_context, min(config.max_new_tokens_limit, max_context - 1)
 
 
+def _output_tokens(model, config: GeneratorExportConfig, keep: Iterable[int]) -> list[int] | None:
+    """The LM head's shortlist (``config.output_vocab`` lowest ids and ``keep``), or None for the whole
+    vocabulary."""
+    if config.output_vocab is None:
+        return None
+    if not getattr(model.config, "tie_word_embeddings", False):
+        raise ExportError(
+            "output_vocab needs a model whose LM head is tied to its embedding (the prompt's own tokens "
+            "are scored with embedding rows); this model's is not: leave output_vocab unset"
+        )
+    return shortlist(int(model.config.vocab_size), config.output_vocab, keep)
+
+
+def _build(hf_dir: Path, out_dir: Path, precision: str, output_tokens, vocab_size: int, options=None):
+    """Build one decoder graph and, with ``output_tokens``, trim its LM head to them."""
+    graph = build_decoder_onnx(hf_dir, out_dir, precision, options)
+    if output_tokens is not None:
+        trim_lm_head(graph.onnx_path, output_tokens, vocab_size)
+    return graph
+
+
 def _export_checked(
-    model, tokenizer_file: Path, sequences, config: GeneratorExportConfig, tmp: Path
+    model, tokenizer_file: Path, sequences, config: GeneratorExportConfig, keep: Iterable[int], tmp: Path
 ) -> tuple[DecoderGraph, dict]:
-    """The graph to serve and the export report: the FP32 graph's greedy parity with PyTorch (the gate),
-    then the quantized graph's agreement (reported)."""
+    """The graph to serve and the export report: the FP32 graph's greedy parity with PyTorch (the gate,
+    on the trimmed head when there is a shortlist), then the quantized graph's agreement (reported)."""
     threads, quantize = config.intra_op_threads, config.quantize
     report: dict = {"parity_prompts": len(sequences), "parity_tokens": config.parity_tokens, "seconds": {}}
+    output_tokens = _output_tokens(model, config, keep)
+    vocab_size = int(model.config.vocab_size)
+    if output_tokens is not None:
+        report["output_vocab"] = {"shortlist": len(output_tokens), "vocab_size": vocab_size}
     started = time.perf_counter()
     hf_dir = save_hf_model(model, tmp / "hf", tokenizer_file)
     reference = torch_greedy(model.eval(), sequences, config.parity_tokens)
     report["seconds"]["torch_reference"] = time.perf_counter() - started
-    graph = build_decoder_onnx(hf_dir, tmp / "fp32", "fp32")
+    graph = _build(hf_dir, tmp / "fp32", "fp32", output_tokens, vocab_size)
     report["seconds"]["build_fp32"] = graph.seconds
     parity = _checked(graph, sequences, reference, threads)
     report["parity_fp32"] = parity.as_dict()
     if not parity.identical:
+        shortlisted = " (the LM head scores a shortlist: output_vocab)" if output_tokens else ""
         raise ExportError(
             f"generator parity failed: FP32 ONNX greedy tokens differ from PyTorch on "
             f"{parity.prompts - parity.identical_sequences} of {parity.prompts} prompts "
-            f"(token agreement {parity.token_agreement:.3f}); nothing published"
+            f"(token agreement {parity.token_agreement:.3f}){shortlisted}; nothing published"
         )
     if quantize is not None:
-        graph = build_decoder_onnx(hf_dir, tmp / quantize, quantize, config.quantize_options)
+        graph = _build(hf_dir, tmp / quantize, quantize, output_tokens, vocab_size, config.quantize_options)
         report["seconds"][f"build_{quantize}"] = graph.seconds
         report["agreement_quantized"] = _checked(graph, sequences, reference, threads).as_dict()
     report["onnx_bytes"] = graph.size_bytes
     return graph, report
 
 
-def publish_generator(model, tokenizer_file: Path, config: GeneratorExportConfig) -> Path:
+def publish_generator(
+    model, tokenizer_file: Path, config: GeneratorExportConfig, output_tokens: Iterable[int] = ()
+) -> Path:
     """Export ``model`` (a HF Llama causal LM) as a new version of ``config.model_name`` in
     ``config.model_repository``; return the version's path.
+
+    With ``config.output_vocab`` the LM head scores the lowest ids, the end ids and ``output_tokens``
+    (say, every token of the texts the model was trained to write), plus each running prompt's own.
 
     Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on
     ``config.parity_prompts`` explanation prompts for ``config.parity_tokens`` new tokens; nothing is
@@ -212,16 +252,20 @@ def publish_generator(model, tokenizer_file: Path, config: GeneratorExportConfig
     if too_long:
         raise ExportError(f"parity prompts of {too_long} tokens do not fit max_context {max_context}")
     name, source_model = config.model_name, config.source_model
+    eos_token_ids = (
+        config.eos_token_ids
+        if config.eos_token_ids is not None
+        else default_eos_token_ids(model, tokenizer_file)
+    )
     with tempfile.TemporaryDirectory(dir=cache_dir("export"), prefix="generator-") as tmp:
         tmp = Path(tmp)
-        graph, report = _export_checked(model, tokenizer_file, sequences, config, tmp)
+        keep = {*eos_token_ids, *output_tokens}
+        graph, report = _export_checked(model, tokenizer_file, sequences, config, keep, tmp)
         bundle = GeneratorBundle(
             model_name=name,
             model_version=0,  # set at publish
             prompt_template_version=EXPLAIN_TEMPLATE_VERSION,
-            eos_token_ids=config.eos_token_ids
-            if config.eos_token_ids is not None
-            else default_eos_token_ids(model, tokenizer_file),
+            eos_token_ids=eos_token_ids,
             max_context=max_context,
             max_new_tokens_limit=max_new_tokens_limit,
             vocab_size=int(model.config.vocab_size),

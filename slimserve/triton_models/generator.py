@@ -34,11 +34,18 @@ except ImportError:  # pragma: no cover - exercised outside Triton (unit tests, 
 
 DEFAULT_ONNX_FILE = "model.onnx"
 GENAI_CONFIG_FILE = "genai_config.json"
+# Written beside a graph whose LM head scores a shortlist (``slimserve.export.output_vocab``):
+# {"vocab_size": V, "token_ids": [...]}; such a graph also takes the ids of ``EXTRA_TOKENS_INPUT``.
+OUTPUT_VOCAB_FILE = "output_vocab.json"
+EXTRA_TOKENS_INPUT = "extra_token_ids"
 GENERATION_FILE = os.path.join("bundle", "generation.json")
 MAX_TEMPERATURE = 5.0
 MAX_REPETITION_PENALTY = 10.0
 FINISH_RUNNING = ""
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
 
 
 class RequestError(ValueError):
@@ -69,24 +76,50 @@ class OnnxDecoder:
         shape = inputs[self.past_names[0]].shape  # [batch, kv_heads, past_sequence, head_size]
         self.kv_heads = int(shape[1])
         self.head_size = shape[3] if isinstance(shape[3], int) else _genai_head_size(path)
-        self.vocab_size = int(self.session.get_outputs()[0].shape[-1])
+        self.shortlist, vocab_size = _read_output_vocab(path)
+        self.vocab_size = vocab_size or int(self.session.get_outputs()[0].shape[-1])
+        self.takes_extra = EXTRA_TOKENS_INPUT in inputs
         self.output_names = ["logits", *self.present_names]
 
     def empty_cache(self, batch):
         return {n: np.zeros((batch, self.kv_heads, 0, self.head_size), np.float32) for n in self.past_names}
 
-    def run(self, input_ids, attention_mask, cache):
-        """One forward pass; returns (last-position logits [batch, vocab], the new cache)."""
+    def extra_tokens(self, tokens):
+        """The ids among ``tokens`` the shortlist lacks (sorted, unique): scored as extra rows."""
+        if self.shortlist is None:
+            return _NO_TOKENS
+        ids = np.unique(np.asarray(tokens, dtype=np.int64))
+        return ids[~np.isin(ids, self.shortlist, assume_unique=True)]
+
+    def output_ids(self, extra):
+        """Token id of each logit column for ``extra`` rows (None: the column is the id)."""
+        return None if self.shortlist is None else np.concatenate([self.shortlist, extra])
+
+    def run(self, input_ids, attention_mask, cache, extra=_NO_TOKENS):
+        """One forward pass; returns (last-position logits [batch, outputs], the new cache). With a
+        shortlist the outputs are its tokens then ``extra``'s (``output_ids``)."""
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, **cache}
+        if self.takes_extra:
+            feed[EXTRA_TOKENS_INPUT] = extra
         outputs = self.session.run(self.output_names, feed)
         logits = outputs[0].reshape(input_ids.shape[0], -1)
         return logits, dict(zip(self.past_names, outputs[1:], strict=True))
 
-    def prefill(self, prompt):
-        """Run one prompt alone; returns (logits [vocab], its cache of ``len(prompt)`` positions)."""
+    def prefill(self, prompt, extra=_NO_TOKENS):
+        """Run one prompt alone; returns (logits [outputs], its cache of ``len(prompt)`` positions)."""
         ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
-        logits, cache = self.run(ids, np.ones_like(ids), self.empty_cache(1))
+        logits, cache = self.run(ids, np.ones_like(ids), self.empty_cache(1), extra)
         return logits[0], cache
+
+
+def _read_output_vocab(onnx_path):
+    """(shortlist ids, input vocabulary size) from ``output_vocab.json`` beside the graph, or (None, None)."""
+    path = os.path.join(os.path.dirname(str(onnx_path)), OUTPUT_VOCAB_FILE)
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as handle:
+        vocab = json.load(handle)
+    return np.asarray(vocab["token_ids"], dtype=np.int64), int(vocab["vocab_size"])
 
 
 def _genai_head_size(onnx_path):
@@ -234,15 +267,17 @@ def parse_request(tensors, limits):
     return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids, penalty)
 
 
-def penalize_repeats(logits, seen, penalty):
+def penalize_repeats(logits, seen, penalty, output_ids=None):
     """``logits`` with the tokens in ``seen`` (ids already generated) made less likely: positive logits
-    divided by ``penalty``, negative ones multiplied (CTRL / Hugging Face semantics); a copy."""
+    divided by ``penalty``, negative ones multiplied (CTRL / Hugging Face semantics); a copy.
+    ``output_ids`` is each column's token id (None: the column is the id)."""
     if penalty == 1.0 or not seen:
         return logits
     ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
+    columns = ids if output_ids is None else np.flatnonzero(np.isin(output_ids, ids))
     out = logits.copy()
-    values = out[ids]
-    out[ids] = np.where(values > 0, values / penalty, values * penalty)
+    values = out[columns]
+    out[columns] = np.where(values > 0, values / penalty, values * penalty)
     return out
 
 
@@ -257,8 +292,10 @@ class Sampler:
         self.repetition_penalty = float(repetition_penalty)
         self.seen = set()
 
-    def __call__(self, logits):
-        token = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty))
+    def __call__(self, logits, output_ids=None):
+        """The next token id; ``output_ids`` maps logit columns to ids (None: the column is the id)."""
+        column = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty, output_ids))
+        token = column if output_ids is None else int(output_ids[column])
         if self.repetition_penalty != 1.0:
             self.seen.add(token)
         return token
@@ -288,6 +325,9 @@ class Sequence:
     request: GenerationRequest
     sampler: Sampler
     stop_ids: frozenset
+    extra: np.ndarray = field(
+        default_factory=lambda: _NO_TOKENS
+    )  # its prompt's ids outside the decoder's shortlist
     generated: int = 0
     last_token: int = -1
 
@@ -317,6 +357,7 @@ class BatchEngine:
         self.batch = KVBatch(decoder.past_names)
         self.sequences = []  # row order of self.batch
         self.stats = EngineStats()
+        self._extra = None  # the running prompts' extra ids (None: to compute after a change)
 
     @property
     def active(self):
@@ -339,24 +380,37 @@ class BatchEngine:
             request,
             Sampler(request.temperature, request.top_p, request.seed, request.repetition_penalty),
             self.eos_token_ids | request.stop_token_ids,
+            self.decoder.extra_tokens(request.input_ids),
         )
-        logits, cache = self.decoder.prefill(request.input_ids)
+        logits, cache = self.decoder.prefill(request.input_ids, sequence.extra)
         self.stats.steps += 1
-        event = self._advance(sequence, sequence.sampler(logits))
+        event = self._advance(sequence, sequence.sampler(logits, self.decoder.output_ids(sequence.extra)))
         if not event.finish_reason:
             self.batch.append(cache, len(request.input_ids))
             self.sequences.append(sequence)
+            self._extra = None
         return event
+
+    def _running_extra(self):
+        """Extra ids of every running prompt: any sequence may write a token its own prompt holds."""
+        if self._extra is None:
+            self._extra = self.decoder.extra_tokens(np.concatenate([s.extra for s in self.sequences]))
+        return self._extra
 
     def step(self):
         """Decode one token for every active sequence; finished ones leave the batch."""
         if not self.sequences:
             return []
         tokens = np.array([[s.last_token] for s in self.sequences], dtype=np.int64)
-        logits, self.batch.cache = self.decoder.run(tokens, self.batch.step_mask(), self.batch.cache)
+        extra = self._running_extra()
+        logits, self.batch.cache = self.decoder.run(tokens, self.batch.step_mask(), self.batch.cache, extra)
         self.batch.lengths = self.batch.lengths + 1
         self.stats.steps += 1
-        events = [self._advance(s, s.sampler(row)) for s, row in zip(self.sequences, logits, strict=True)]
+        output_ids = self.decoder.output_ids(extra)
+        events = [
+            self._advance(s, s.sampler(row, output_ids))
+            for s, row in zip(self.sequences, logits, strict=True)
+        ]
         self._keep([i for i, e in enumerate(events) if not e.finish_reason])
         return events
 
@@ -369,10 +423,12 @@ class BatchEngine:
         if len(rows) != len(self.sequences):
             self.sequences = [self.sequences[i] for i in rows]
             self.batch.keep(rows)
+            self._extra = None
 
     def reset(self):
         self.sequences = []
         self.batch = KVBatch(self.decoder.past_names)
+        self._extra = None
 
 
 def generate(engine, requests):
