@@ -193,6 +193,35 @@ async def test_stop_returns_and_refuses_new_calls(tmp_path):
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_drain_answers_new_calls_unavailable_while_one_is_in_flight(tmp_path):
+    """After drain_delay_s the interceptor refuses new calls itself (UNAVAILABLE, a retry hint), so
+    the server's stop has nothing left to cut; the call in flight keeps running and ends the drain."""
+    server = ScoringServer(config_for(make_bundle(tmp_path), drain_delay_s=0.05))
+    port = await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = scoring_pb2_grpc.ScoringServiceStub(channel)
+        stream = stub.ScoreStream()
+        await _until(lambda: server.gate.in_flight == 1)
+        stopping = asyncio.create_task(server.stop(grace=30))
+        await _until(lambda: server.gate.closed)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Score(score_request(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in info.value.details()
+        assert not stopping.done()  # the stream is still in flight
+        await stream.done_writing()
+        assert [response async for response in stream] == []
+        await asyncio.wait_for(stopping, timeout=30)
+    assert server.gate.in_flight == 0
+
+
 async def test_core_refuses_without_waiting_and_notices_triton(tmp_path):
     core = ScoringCore.from_config(config_for(make_bundle(tmp_path)))
     try:

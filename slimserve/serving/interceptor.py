@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from .admission import Admission, Cost, Overloaded, WorkBudget
-from .errors import InvalidArgument, ServingError, UndecodableRequest
+from .errors import InvalidArgument, ServingError, UndecodableRequest, Unavailable
 from .metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,34 @@ def lenient_deserializer(deserializer: Callable | None) -> Callable | None:
     return deserialize
 
 
+class CallGate:
+    """The RPCs in flight, and whether new ones are still let in (the drain closes it: a call that
+    arrives then is answered UNAVAILABLE by the interceptor, not cut by the server's stop)."""
+
+    POLL_S = 0.01
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.closed = False
+
+    def enter(self) -> None:
+        if self.closed:
+            raise Unavailable("the service is shutting down: retry (another replica takes the call)")
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no RPC is in flight (True) or ``timeout_s`` passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight > 0:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(self.POLL_S)
+        return True
+
+
 class _Call:
     """Bookkeeping of one RPC: id, metrics, admitted work, final status."""
 
@@ -113,10 +141,13 @@ class _Call:
         metadata_id: str,
         budget: WorkBudget | None = None,
         cost: Cost | None = None,
+        gate: CallGate | None = None,
     ):
         self.metrics = metrics
         self.method = method
         self.metadata_id = metadata_id
+        self.gate = gate
+        self.entered = False
         self.budget = budget if cost is not None else None
         self.cost = cost
         self.held: deque[int] = deque()  # admitted units, oldest request first
@@ -133,6 +164,9 @@ class _Call:
             request_id_var.set(check_request_id(field_id, "request_id"))
         elif self.metadata_id:
             request_id_var.set(check_request_id(self.metadata_id, REQUEST_ID_METADATA))
+        if self.gate is not None:
+            self.gate.enter()
+            self.entered = True
         if request is not None:
             self.admit(request)
 
@@ -186,6 +220,8 @@ class _Call:
 
     def end(self) -> None:
         self.release_all()
+        if self.entered:
+            self.gate.leave()
         if self.metrics is not None and self.token is not None:
             elapsed = time.perf_counter() - self.start
             self.metrics.in_flight.labels(self.method).dec()
@@ -247,18 +283,20 @@ def _wrap_stream_response(behavior: Callable, call_factory: Callable[[], _Call],
 
 
 class ServingInterceptor(grpc.aio.ServerInterceptor):
-    """Request ids, metrics, error mapping, undecodable bodies and admission for every method whose name
-    starts with ``prefix``."""
+    """Request ids, metrics, error mapping, undecodable bodies, admission and the drain's ``gate`` for
+    every method whose name starts with ``prefix``."""
 
     def __init__(
         self,
         metrics: ServingMetrics | None = None,
         prefix: str = "/slimserve.",
         admission: Admission | None = None,
+        gate: CallGate | None = None,
     ):
         self._metrics = metrics
         self._prefix = prefix
         self._admission = admission
+        self._gate = gate
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -271,7 +309,7 @@ class ServingInterceptor(grpc.aio.ServerInterceptor):
         cost = admission.cost_of(method) if admission is not None else None
 
         def call_factory() -> _Call:
-            return _Call(self._metrics, method, metadata_id, budget, cost)
+            return _Call(self._metrics, method, metadata_id, budget, cost, self._gate)
 
         codec = {
             "request_deserializer": lenient_deserializer(handler.request_deserializer),

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from ..errors import StageError
 from . import admission
 from .config import GrpcServiceConfig
-from .interceptor import RequestIdFilter, ServingInterceptor
+from .interceptor import CallGate, RequestIdFilter, ServingInterceptor
 from .metrics import ServingMetrics, start_metrics_server
 from .security import (
     ReloadingCertificates,
@@ -79,6 +80,7 @@ class ServiceServer:
         self.health_port: int | None = None
         self.metrics_port: int | None = None
         self.budget: admission.WorkBudget | None = None
+        self.gate = CallGate()  # closed by the drain: new calls UNAVAILABLE while in-flight ones finish
         self.tokens: TokenSet | None = None
         self.certificates: ReloadingCertificates | None = None
         self._server: grpc.aio.Server | None = None
@@ -110,7 +112,7 @@ class ServiceServer:
 
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """The token check (when tokens are configured) in front of the serving interceptor."""
-        serving = ServingInterceptor(self.metrics, admission=self.build_admission())
+        serving = ServingInterceptor(self.metrics, admission=self.build_admission(), gate=self.gate)
         return [serving] if self.tokens is None else [TokenInterceptor(self.tokens), serving]
 
     def check_security(self) -> grpc.ServerCredentials | None:
@@ -226,9 +228,14 @@ class ServiceServer:
             await self.core.watcher.stop()
         if self._server is not None:
             # Calls already sent but not yet matched to a handler would be cancelled by stop(): take
-            # them first (the core keeps serving; health already says NOT_SERVING).
+            # them first (the core keeps serving; health already says NOT_SERVING). Then the gate
+            # answers new calls UNAVAILABLE while those in flight finish; stop() then cuts nothing
+            # but a call arriving in its last milliseconds.
+            started = time.monotonic()
             await asyncio.sleep(min(self.config.drain_delay_s, grace))
-            await self._server.stop(grace)
+            self.gate.closed = True
+            await self.gate.wait_idle(max(grace - (time.monotonic() - started), 0.0))
+            await self._server.stop(max(grace - (time.monotonic() - started), 0.0))
         if self._health_server is not None:  # answered NOT_SERVING through the drain
             await self._health_server.stop(0)
         if self.core is not None:

@@ -1,8 +1,8 @@
 """SIGTERM to the service under load: the calls it accepted are answered, new ones are refused.
 
 The drain (``serving.server``): health NOT_SERVING at once, new calls still taken for ``drain_delay_s``
-(those already on the wire), then refused (UNAVAILABLE) while the calls in flight finish within
-``drain_grace_s``; then the process exits 0. A call in flight at the signal that does not end OK is an
+(those already on the wire), then refused by the service itself (UNAVAILABLE, ``interceptor.CallGate``)
+while the calls in flight finish within ``drain_grace_s``; then the server stops and the process exits 0. A call in flight at the signal that does not end OK is an
 accepted call lost; so is a later call that ends with anything but OK or UNAVAILABLE (the server took it
 and dropped it), except a CANCELLED one answered between the end of ``drain_delay_s`` and the exit: gRPC
 cancels the calls no handler has taken yet when the server stops (counted apart). The fault strikes once
@@ -23,7 +23,8 @@ from .stack import Stack, service_default
 
 REFUSED = "UNAVAILABLE"
 # How gRPC ends a call that reached the server but no handler yet when the server shuts down (it
-# never ran): seen for new calls sent in the last milliseconds of drain_delay_s, answered at the stop.
+# never ran). Before the service refused new calls itself, seen for calls sent in the last milliseconds
+# of drain_delay_s; now only a call arriving as the server stops can meet it.
 CUT = "CANCELLED"
 AFTER_EXIT_S = 0.5  # load kept running after the exit, so calls meet a closed port too
 EXIT_SLACK_S = 30.0
