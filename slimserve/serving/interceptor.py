@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from .admission import Admission, Cost, Overloaded, WorkBudget
-from .errors import InvalidArgument, ServingError, UndecodableRequest, Unavailable
+from .errors import InvalidArgument, ServingError, Unavailable, UndecodableRequest
 from .metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
