@@ -223,7 +223,10 @@ async def _start_scoring(options: UpConfig, triton_url: str, bundle_dir: Path):
     server = ScoringServer(options.scoring_config(triton_url, bundle_dir))
     port = await server.start_ready(options.startup_timeout_s)
     target = f"{options.host}:{port}"
-    print(f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url}")  # noqa: T201
+    to_triton = server.core.client.security.transport
+    print(  # noqa: T201
+        f"\nScoringService on {target} (metrics :{server.metrics_port}), Triton at {triton_url} over {to_triton}"
+    )
     print("plaintext, no token: for this machine only (TLS, mTLS, tokens: docs/security.md)")  # noqa: T201
     return server
 

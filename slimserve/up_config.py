@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from .export.pipeline import ScorerExportConfig
@@ -24,6 +24,14 @@ from .settings import Settings
 DEFAULT_RECIPE = "cpu"
 _TRITON = {field.name: field.default for field in dataclasses.fields(TritonServerConfig)}
 _PORT = {"ge": 0, "le": 65535}
+# How the services reach a Triton given by triton_url (the services' own fields, passed through).
+TRITON_TLS_FIELDS = (
+    "triton_tls",
+    "triton_tls_ca_file",
+    "triton_tls_cert_file",
+    "triton_tls_key_file",
+    "triton_tls_server_name",
+)
 
 
 def _like(model: type[BaseModel], name: str, description: str) -> FieldInfo:
@@ -80,6 +88,29 @@ class UpConfig(Settings):
     triton_url: str | None = Field(
         None, description="Use this running Triton (host:port) instead of starting one."
     )
+    triton_tls: bool = _like(
+        ScoringServiceConfig,
+        "triton_tls",
+        "With triton_url: speak TLS to it (a Triton run with --grpc-use-ssl).",
+    )
+    triton_tls_ca_file: Path | None = _like(
+        ScoringServiceConfig,
+        "triton_tls_ca_file",
+        "With triton_url: CA certificates (PEM) that signed its certificate (implies TLS).",
+    )
+    triton_tls_cert_file: Path | None = _like(
+        ScoringServiceConfig,
+        "triton_tls_cert_file",
+        "With triton_url: client certificate (PEM) for a Triton run with --grpc-use-ssl-mutual.",
+    )
+    triton_tls_key_file: Path | None = _like(
+        ScoringServiceConfig, "triton_tls_key_file", "Private key (PEM) of triton_tls_cert_file."
+    )
+    triton_tls_server_name: str | None = _like(
+        ScoringServiceConfig,
+        "triton_tls_server_name",
+        "Name the Triton's certificate must carry, when not the host of triton_url.",
+    )
     grpc_port: int = Field(
         _TRITON["grpc_port"], **_PORT, description="Triton gRPC port when started here (0: free)."
     )
@@ -111,7 +142,17 @@ class UpConfig(Settings):
             "metrics_port": metrics_port,
             "triton_url": triton_url,
             "bundle_dir": bundle_dir,
+            **{name: getattr(self, name) for name in TRITON_TLS_FIELDS},
         }
+
+    @model_validator(mode="after")
+    def _tls_needs_a_remote_triton(self) -> UpConfig:
+        chosen = [name for name in TRITON_TLS_FIELDS if getattr(self, name)]
+        if chosen and self.triton_url is None:
+            raise ValueError(
+                f"{chosen[0]} needs triton_url: the Triton that up starts listens in plaintext on loopback"
+            )
+        return self
 
     def triton_config(self, models: tuple[str, ...], repository: Path | None = None) -> TritonServerConfig:
         """Triton started here on ``repository`` (default: ``model_repository``), loading ``models``."""

@@ -230,3 +230,25 @@ def test_launcher_refuses_missing_tls_files_before_starting(tmp_path, pki):
     with pytest.raises(TritonLaunchError, match=r"no-key\.pem"):
         server.start()
     assert server.pid is None
+
+
+def test_up_serves_through_a_remote_tls_triton(tls_triton, repository, pki):
+    """``slimserve up --teacher-only --triton-url`` with the Triton TLS flags: the sample is answered."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "slimserve.cli", "up", "--teacher-only", "--no-generator"]
+    command += [f"--model-repository={repository}", f"--model-name={SCORER}", "--port=0"]
+    command += ["--metrics-port=-1", f"--triton-url={tls_triton.grpc_url}", f"--triton-tls-ca-file={pki.ca}"]
+    done = subprocess.run(
+        [*command, "--exit-after-sample"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Sample request: rank 10 jobs" in done.stdout and "over TLS" in done.stdout
+
+
+def test_up_refuses_triton_tls_without_a_remote_triton(pki):
+    from slimserve.up_config import UpConfig
+
+    with pytest.raises(ValueError, match="triton_tls_ca_file needs triton_url"):
+        UpConfig(triton_tls_ca_file=pki.ca)
