@@ -252,3 +252,21 @@ def test_up_refuses_triton_tls_without_a_remote_triton(pki):
 
     with pytest.raises(ValueError, match="triton_tls_ca_file needs triton_url"):
         UpConfig(triton_tls_ca_file=pki.ca)
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_perf_analyzer_drives_a_tls_triton(tls_triton, mtls_triton, repository, pki, mutual):
+    """``bench triton``'s perf_analyzer speaks TLS (and mTLS) to a remote Triton; plaintext fails."""
+    from slimserve.bench.perf_analyzer import PerfAnalyzerError, PerfSettings, PerfTls
+    from slimserve.bench.triton_bench import run_triton_bench
+    from slimserve.bench.workload import load_workload
+
+    server = mtls_triton if mutual else tls_triton
+    tls = PerfTls(pki.ca, pki.client_cert, pki.client_key) if mutual else PerfTls(pki.ca)
+    workload = load_workload(bundle_dir_for(repository, SCORER), requests=4, candidates=2)
+    bench = dict(triton_url=server.grpc_url, models=(SCORER,), concurrencies=(1,))
+    bench["settings"] = PerfSettings(window_requests=10)
+    points = run_triton_bench(repository, workload, tls=tls, **bench)
+    assert points and all(p.infer_per_s > 0 for p in points)
+    with pytest.raises(PerfAnalyzerError):
+        run_triton_bench(repository, workload, **bench)  # plaintext to a TLS-only Triton

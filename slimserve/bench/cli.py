@@ -108,6 +108,7 @@ def _run_triton(args: argparse.Namespace) -> int:
             buckets=config.buckets,
             settings=config.perf_settings(),
             max_tokens=config.max_tokens,
+            tls=config.perf_tls(),
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

@@ -32,7 +32,7 @@ from ..settings import Settings
 
 if TYPE_CHECKING:
     from .grpc_load import LoadPlan
-    from .perf_analyzer import PerfSettings
+    from .perf_analyzer import PerfSettings, PerfTls
 
 
 @dataclass(frozen=True)
@@ -236,6 +236,16 @@ class TritonBenchConfig(WorkloadConfig):
     triton_url: str | None = Field(
         None, description="Use this running Triton (host:port) instead of starting one."
     )
+    triton_tls: bool = Field(
+        False, description="With triton_url: speak TLS to it (a Triton run with --grpc-use-ssl)."
+    )
+    triton_tls_ca_file: Path | None = Field(
+        None, description="With triton_url: CA certificates (PEM) that signed its certificate (implies TLS)."
+    )
+    triton_tls_cert_file: Path | None = Field(
+        None, description="With triton_url: client certificate (PEM) for --grpc-use-ssl-mutual."
+    )
+    triton_tls_key_file: Path | None = Field(None, description="Private key (PEM) of triton_tls_cert_file.")
     models: Names = Field((), description="Model names, comma-separated; default: all token models.")
     bundle_model: str = Field(_MODEL_NAME, description="Model whose serving bundle tokenizes prompts.")
     concurrency: Counts = Field((1, 2, 4, 8, 16), description="Concurrency levels, e.g. 1,4,16.")
@@ -254,6 +264,19 @@ class TritonBenchConfig(WorkloadConfig):
         from .perf_analyzer import PerfSettings
 
         return PerfSettings(self.window_requests, self.max_trials, self.stability, self.batch_size)
+
+    def perf_tls(self) -> PerfTls | None:
+        """perf_analyzer's TLS to ``triton_url`` (None: plaintext)."""
+        from .perf_analyzer import PerfTls
+
+        files = (self.triton_tls_ca_file, self.triton_tls_cert_file, self.triton_tls_key_file)
+        if not self.triton_tls and not any(files):
+            return None
+        if self.triton_url is None:
+            raise ValueError("triton_tls needs triton_url: the Triton started here listens in plaintext")
+        if (self.triton_tls_cert_file is None) != (self.triton_tls_key_file is None):
+            raise ValueError("triton_tls_cert_file and triton_tls_key_file go together: set both or neither")
+        return PerfTls(*files)
 
 
 class GrpcBenchConfig(WorkloadConfig):

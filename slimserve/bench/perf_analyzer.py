@@ -272,6 +272,25 @@ class PerfSettings:
 
 
 @dataclass(frozen=True)
+class PerfTls:
+    """perf_analyzer's TLS to a Triton run with ``--grpc-use-ssl``: the CA that signed its certificate
+    (unset: the system's), and a client certificate and key for ``--grpc-use-ssl-mutual``."""
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def args(self) -> list[str]:
+        # 2.51's --ssl-grpc-use-ssl is a bare flag ("doesn't allow an argument"), whatever --help says
+        files = (
+            ("root-certifications", self.ca_file),
+            ("certificate-chain", self.cert_file),
+            ("private-key", self.key_file),
+        )
+        return ["--ssl-grpc-use-ssl"] + [f"--ssl-grpc-{flag}-file={path}" for flag, path in files if path]
+
+
+@dataclass(frozen=True)
 class PerfPoint:
     """One perf_analyzer load point, typed from its CSV row (latencies converted to ms)."""
 
@@ -370,8 +389,10 @@ def perf_command(
     load: float,
     settings: PerfSettings,
     streaming: bool = False,
+    tls: PerfTls | None = None,
 ) -> list[str]:
-    """The perf_analyzer command line for one load point (gRPC, async for request rates)."""
+    """The perf_analyzer command line for one load point (gRPC, async for request rates; TLS with
+    ``tls``)."""
     if mode == "concurrency":
         load_args = [f"--concurrency-range={int(load)}:{int(load)}:1"]
     elif mode == "request_rate":
@@ -393,6 +414,7 @@ def perf_command(
         "-f",
         str(csv_path),
         *load_args,
+        *(tls.args() if tls is not None else []),
     ]
     return [*command, "--streaming"] if streaming else command
 

@@ -25,6 +25,7 @@ from .perf_analyzer import (
     MULTI_ITEM_INPUTS,
     PerfPoint,
     PerfSettings,
+    PerfTls,
     find_perf_analyzer,
     measure_point,
     multi_item_input_data_json,
@@ -108,6 +109,7 @@ def run_triton_bench(
     buckets: tuple[int, ...] = (),
     settings: PerfSettings | None = None,
     max_tokens: int = 32,
+    tls: PerfTls | None = None,
 ) -> list[PerfPoint]:
     """perf_analyzer points for every model x bucket x (concurrency | request rate).
 
@@ -162,6 +164,7 @@ def run_triton_bench(
                         mode,
                         load,
                         streaming=model.streaming,
+                        tls=tls,
                     )
                     log.info("perf_analyzer: %s bucket %d %s %g", model.name, bucket, mode, load)
                     text = measure_point(command, csv_path, settings)
