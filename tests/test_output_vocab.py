@@ -21,6 +21,7 @@ from slimserve.triton_models.generator import (
     BatchEngine,
     GenerationRequest,
     OnnxDecoder,
+    OutputColumns,
     generate,
     penalize_repeats,
 )
@@ -65,7 +66,7 @@ class MaskedHead:
     def extra_tokens(self, tokens):
         return np.zeros(0, np.int64)
 
-    def output_ids(self, extra):
+    def output_columns(self, extra):
         return None
 
     def _masked(self, logits):
@@ -97,7 +98,7 @@ def test_trimmed_logits_are_the_whole_heads_columns_of_the_shortlist_and_the_pro
     prompt = prompts[0]
     extra = short.extra_tokens(prompt)
     assert extra.size and extra.min() >= LOWEST and set(extra) <= set(prompt)
-    columns = short.output_ids(extra)
+    columns = short.output_columns(extra).ids
     whole, whole_cache = full.prefill(prompt)
     trimmed, trimmed_cache = short.prefill(prompt, extra)
     np.testing.assert_allclose(trimmed, whole[columns], rtol=1e-5, atol=1e-5)
@@ -135,10 +136,13 @@ def test_a_batch_scores_every_running_prompts_tokens(graphs, prompts):
 
 
 def test_repetition_penalty_reaches_the_column_of_each_seen_id():
-    output_ids = np.array([0, 1, 2, 40, 7])
-    logits = np.array([1.0, 1.0, 1.0, 4.0, -2.0], dtype=np.float32)
-    penalized = penalize_repeats(logits, {40, 7}, 2.0, output_ids)
-    np.testing.assert_allclose(penalized, [1.0, 1.0, 1.0, 2.0, -4.0])
+    columns = OutputColumns(np.array([0, 1, 2, 40]), np.array([7, 90]))
+    assert columns.ids.tolist() == [0, 1, 2, 40, 7, 90] and columns.token(4) == 7
+    assert sorted(columns.of(np.array([40, 7, 5, 99])).tolist()) == [3, 4]  # 5 and 99 have no column
+    logits = np.array([1.0, 1.0, 1.0, 4.0, -2.0, 3.0], dtype=np.float32)
+    penalized = penalize_repeats(logits, {40, 7, 5}, 2.0, columns)
+    np.testing.assert_allclose(penalized, [1.0, 1.0, 1.0, 2.0, -4.0, 3.0])
+    assert OutputColumns(np.array([0, 1]), np.zeros(0, np.int64)).of(np.array([1, 3])).tolist() == [1]
 
 
 def _config(repository, output_vocab) -> GeneratorExportConfig:

@@ -91,13 +91,13 @@ class OnnxDecoder:
         ids = np.unique(np.asarray(tokens, dtype=np.int64))
         return ids[~np.isin(ids, self.shortlist, assume_unique=True)]
 
-    def output_ids(self, extra):
-        """Token id of each logit column for ``extra`` rows (None: the column is the id)."""
-        return None if self.shortlist is None else np.concatenate([self.shortlist, extra])
+    def output_columns(self, extra):
+        """The logit columns of a step that scores ``extra`` (None without a shortlist: column = id)."""
+        return None if self.shortlist is None else OutputColumns(self.shortlist, extra)
 
     def run(self, input_ids, attention_mask, cache, extra=_NO_TOKENS):
         """One forward pass; returns (last-position logits [batch, outputs], the new cache). With a
-        shortlist the outputs are its tokens then ``extra``'s (``output_ids``)."""
+        shortlist the outputs are its tokens then ``extra``'s (``output_columns``)."""
         feed = {"input_ids": input_ids, "attention_mask": attention_mask, **cache}
         if self.takes_extra:
             feed[EXTRA_TOKENS_INPUT] = extra
@@ -110,6 +110,26 @@ class OnnxDecoder:
         ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
         logits, cache = self.run(ids, np.ones_like(ids), self.empty_cache(1), extra)
         return logits[0], cache
+
+
+class OutputColumns:
+    """The logit columns of a shortlisted head: the shortlist's ids, then the extra ids (each sorted)."""
+
+    def __init__(self, shortlist, extra):
+        self.parts = ((shortlist, 0), (extra, len(shortlist)))
+        self.ids = np.concatenate([shortlist, extra])
+
+    def token(self, column):
+        return int(self.ids[column])
+
+    def of(self, ids):
+        """The columns of those ``ids`` that have one (binary search in each sorted part)."""
+        found = []
+        for part, offset in self.parts:
+            if part.size:
+                at = np.minimum(np.searchsorted(part, ids), part.size - 1)
+                found.append(at[part[at] == ids] + offset)
+        return np.concatenate(found) if found else _NO_TOKENS
 
 
 def _read_output_vocab(onnx_path):
@@ -267,14 +287,14 @@ def parse_request(tensors, limits):
     return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids, penalty)
 
 
-def penalize_repeats(logits, seen, penalty, output_ids=None):
+def penalize_repeats(logits, seen, penalty, columns=None):
     """``logits`` with the tokens in ``seen`` (ids already generated) made less likely: positive logits
     divided by ``penalty``, negative ones multiplied (CTRL / Hugging Face semantics); a copy.
-    ``output_ids`` is each column's token id (None: the column is the id)."""
+    ``columns`` (``OutputColumns``) places each id in a shortlisted head (None: the column is the id)."""
     if penalty == 1.0 or not seen:
         return logits
     ids = np.fromiter(seen, dtype=np.int64, count=len(seen))
-    columns = ids if output_ids is None else np.flatnonzero(np.isin(output_ids, ids))
+    columns = ids if columns is None else columns.of(ids)
     out = logits.copy()
     values = out[columns]
     out[columns] = np.where(values > 0, values / penalty, values * penalty)
@@ -292,10 +312,11 @@ class Sampler:
         self.repetition_penalty = float(repetition_penalty)
         self.seen = set()
 
-    def __call__(self, logits, output_ids=None):
-        """The next token id; ``output_ids`` maps logit columns to ids (None: the column is the id)."""
-        column = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty, output_ids))
-        token = column if output_ids is None else int(output_ids[column])
+    def __call__(self, logits, columns=None):
+        """The next token id; ``columns`` (``OutputColumns``) maps logit columns to ids (None: the
+        column is the id)."""
+        column = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty, columns))
+        token = column if columns is None else columns.token(column)
         if self.repetition_penalty != 1.0:
             self.seen.add(token)
         return token
@@ -357,7 +378,7 @@ class BatchEngine:
         self.batch = KVBatch(decoder.past_names)
         self.sequences = []  # row order of self.batch
         self.stats = EngineStats()
-        self._extra = None  # the running prompts' extra ids (None: to compute after a change)
+        self._columns = None  # the running prompts' extra ids and their columns (None: to compute)
 
     @property
     def active(self):
@@ -384,32 +405,33 @@ class BatchEngine:
         )
         logits, cache = self.decoder.prefill(request.input_ids, sequence.extra)
         self.stats.steps += 1
-        event = self._advance(sequence, sequence.sampler(logits, self.decoder.output_ids(sequence.extra)))
+        columns = self.decoder.output_columns(sequence.extra)
+        event = self._advance(sequence, sequence.sampler(logits, columns))
         if not event.finish_reason:
             self.batch.append(cache, len(request.input_ids))
             self.sequences.append(sequence)
-            self._extra = None
+            self._columns = None
         return event
 
-    def _running_extra(self):
-        """Extra ids of every running prompt: any sequence may write a token its own prompt holds."""
-        if self._extra is None:
-            self._extra = self.decoder.extra_tokens(np.concatenate([s.extra for s in self.sequences]))
-        return self._extra
+    def _running_columns(self):
+        """(extra ids of every running prompt, the step's logit columns): any sequence may write a
+        token its own prompt holds."""
+        if self._columns is None:
+            extra = self.decoder.extra_tokens(np.concatenate([s.extra for s in self.sequences]))
+            self._columns = extra, self.decoder.output_columns(extra)
+        return self._columns
 
     def step(self):
         """Decode one token for every active sequence; finished ones leave the batch."""
         if not self.sequences:
             return []
         tokens = np.array([[s.last_token] for s in self.sequences], dtype=np.int64)
-        extra = self._running_extra()
+        extra, columns = self._running_columns()
         logits, self.batch.cache = self.decoder.run(tokens, self.batch.step_mask(), self.batch.cache, extra)
         self.batch.lengths = self.batch.lengths + 1
         self.stats.steps += 1
-        output_ids = self.decoder.output_ids(extra)
         events = [
-            self._advance(s, s.sampler(row, output_ids))
-            for s, row in zip(self.sequences, logits, strict=True)
+            self._advance(s, s.sampler(row, columns)) for s, row in zip(self.sequences, logits, strict=True)
         ]
         self._keep([i for i, e in enumerate(events) if not e.finish_reason])
         return events
@@ -423,12 +445,12 @@ class BatchEngine:
         if len(rows) != len(self.sequences):
             self.sequences = [self.sequences[i] for i in rows]
             self.batch.keep(rows)
-            self._extra = None
+            self._columns = None
 
     def reset(self):
         self.sequences = []
         self.batch = KVBatch(self.decoder.past_names)
-        self._extra = None
+        self._columns = None
 
 
 def generate(engine, requests):
