@@ -107,6 +107,11 @@ def test_trimmed_logits_are_the_whole_heads_columns_of_the_shortlist_and_the_pro
     whole, _ = full.run(step, mask, whole_cache)
     trimmed, _ = short.run(step, mask, trimmed_cache, extra)
     np.testing.assert_allclose(trimmed[0], whole[0][columns], rtol=1e-5, atol=1e-5)
+    inside = [t for t in prompt if t < LOWEST]  # a prompt the shortlist covers: no extra rows
+    assert short.extra_tokens(inside).size == 0
+    whole, _ = full.prefill(inside)
+    trimmed, _ = short.prefill(inside, short.extra_tokens(inside))
+    np.testing.assert_allclose(trimmed, whole[:LOWEST], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shortlisted", [1, 2], ids=["lowest-1000", "special-only"])
