@@ -48,7 +48,8 @@ HAND_LISTED_DEFAULTS = {
     },
     ("bench", "latency"): {"target": "127.0.0.1:50051", "candidates": (1, 50), "requests": 100, "warmup": 5},
     ("bench", "triton"): {
-        "model_repository": REPOSITORY, "triton_url": None, "models": (), "bundle_model": "scorer",
+        "model_repository": REPOSITORY, "triton_url": None, "triton_tls": False, "triton_tls_ca_file": None,
+        "triton_tls_cert_file": None, "triton_tls_key_file": None, "models": (), "bundle_model": "scorer",
         "concurrency": (1, 2, 4, 8, 16), "request_rate": (), "buckets": (), "window_requests": 100,
         "max_trials": 3, "stability": 1000.0, "batch_size": 1, "max_tokens": 32, "dataset": None,
         "requests": 64, "candidates": 8,
