@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from .errors import UserError
 
@@ -38,6 +39,12 @@ class Settings(BaseModel):
 
 
 C = TypeVar("C", bound=BaseModel)
+
+
+def field_like(model: type[BaseModel], name: str, description: str) -> FieldInfo:
+    """A field with the default and bounds of ``model``'s field ``name``, described for another command
+    (one definition, so the two cannot drift)."""
+    return FieldInfo.merge_field_infos(model.model_fields[name], description=description)
 
 
 def _env_prefix(model_cls: type[BaseModel]) -> str | None:

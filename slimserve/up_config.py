@@ -12,14 +12,13 @@ import dataclasses
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, model_validator
 
 from .export.pipeline import ScorerExportConfig
 from .serving.reasoning.config import ReasoningServiceConfig
 from .serving.scoring.config import ScoringServiceConfig
 from .serving.triton.launcher import TritonServerConfig
-from .settings import Settings
+from .settings import Settings, field_like
 
 DEFAULT_RECIPE = "cpu"
 _TRITON = {field.name: field.default for field in dataclasses.fields(TritonServerConfig)}
@@ -32,11 +31,6 @@ TRITON_TLS_FIELDS = (
     "triton_tls_key_file",
     "triton_tls_server_name",
 )
-
-
-def _like(model: type[BaseModel], name: str, description: str) -> FieldInfo:
-    """A field with the default and bounds of ``model``'s field ``name``, described as ``up`` uses it."""
-    return FieldInfo.merge_field_infos(model.model_fields[name], description=description)
 
 
 class UpConfig(Settings):
@@ -54,7 +48,7 @@ class UpConfig(Settings):
         description="No build: serve what the repository holds, exporting the teacher zero-shot if it "
         "holds nothing.",
     )
-    teacher: str = _like(
+    teacher: str = field_like(
         ScorerExportConfig, "teacher", "With teacher_only: export this teacher as the scorer (and generator)."
     )
     generator: bool = Field(
@@ -65,48 +59,48 @@ class UpConfig(Settings):
     work_dir: Path | None = Field(
         None, description="The build's stage outputs (resumable); unset: the recipe's."
     )
-    model_repository: Path = _like(
+    model_repository: Path = field_like(
         ScoringServiceConfig, "model_repository", "Triton model repository the models are published in."
     )
-    model_name: str = _like(
+    model_name: str = field_like(
         ScoringServiceConfig, "model_name", "Name of the scoring model in the repository."
     )
-    generator_name: str = _like(
+    generator_name: str = field_like(
         ReasoningServiceConfig, "model_name", "Name of the generator in the repository (reasoning service)."
     )
-    host: str = _like(ScoringServiceConfig, "host", "Address both gRPC services bind.")
-    port: int = _like(ScoringServiceConfig, "port", "gRPC port of the scoring service (0: free).")
-    metrics_port: int = _like(
+    host: str = field_like(ScoringServiceConfig, "host", "Address both gRPC services bind.")
+    port: int = field_like(ScoringServiceConfig, "port", "gRPC port of the scoring service (0: free).")
+    metrics_port: int = field_like(
         ScoringServiceConfig, "metrics_port", "Prometheus port of the scoring service (0: free, -1: off)."
     )
-    reasoning_port: int = _like(
+    reasoning_port: int = field_like(
         ReasoningServiceConfig, "port", "gRPC port of the reasoning service (0: free)."
     )
-    reasoning_metrics_port: int = _like(
+    reasoning_metrics_port: int = field_like(
         ReasoningServiceConfig, "metrics_port", "Prometheus port of the reasoning service (0: free, -1: off)."
     )
     triton_url: str | None = Field(
         None, description="Use this running Triton (host:port) instead of starting one."
     )
-    triton_tls: bool = _like(
+    triton_tls: bool = field_like(
         ScoringServiceConfig,
         "triton_tls",
         "With triton_url: speak TLS to it (a Triton run with --grpc-use-ssl).",
     )
-    triton_tls_ca_file: Path | None = _like(
+    triton_tls_ca_file: Path | None = field_like(
         ScoringServiceConfig,
         "triton_tls_ca_file",
         "With triton_url: CA certificates (PEM) that signed its certificate (implies TLS).",
     )
-    triton_tls_cert_file: Path | None = _like(
+    triton_tls_cert_file: Path | None = field_like(
         ScoringServiceConfig,
         "triton_tls_cert_file",
         "With triton_url: client certificate (PEM) for a Triton run with --grpc-use-ssl-mutual.",
     )
-    triton_tls_key_file: Path | None = _like(
+    triton_tls_key_file: Path | None = field_like(
         ScoringServiceConfig, "triton_tls_key_file", "Private key (PEM) of triton_tls_cert_file."
     )
-    triton_tls_server_name: str | None = _like(
+    triton_tls_server_name: str | None = field_like(
         ScoringServiceConfig,
         "triton_tls_server_name",
         "Name the Triton's certificate must carry, when not the host of triton_url.",

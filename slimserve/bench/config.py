@@ -29,6 +29,7 @@ from pydantic import (
 
 from ..serving.scoring.config import ScoringServiceConfig
 from ..settings import Settings
+from ..up_config import UpConfig
 
 if TYPE_CHECKING:
     from .grpc_load import LoadPlan
@@ -75,6 +76,7 @@ def _defaults(settings: type) -> dict[str, Any]:
 _COMPARE = _defaults(CompareSettings)
 _LAYOUT = _defaults(LayoutSettings)
 _SCORING = ScoringServiceConfig.model_fields
+_UP_FIELDS = UpConfig.model_fields
 _REPOSITORY = _SCORING["model_repository"].default
 _MODEL_NAME = _SCORING["model_name"].default
 # Config fields named for their flags, where CompareSettings and LayoutSettings have a plural
@@ -236,16 +238,11 @@ class TritonBenchConfig(WorkloadConfig):
     triton_url: str | None = Field(
         None, description="Use this running Triton (host:port) instead of starting one."
     )
-    triton_tls: bool = Field(
-        False, description="With triton_url: speak TLS to it (a Triton run with --grpc-use-ssl)."
-    )
-    triton_tls_ca_file: Path | None = Field(
-        None, description="With triton_url: CA certificates (PEM) that signed its certificate (implies TLS)."
-    )
-    triton_tls_cert_file: Path | None = Field(
-        None, description="With triton_url: client certificate (PEM) for --grpc-use-ssl-mutual."
-    )
-    triton_tls_key_file: Path | None = Field(None, description="Private key (PEM) of triton_tls_cert_file.")
+    # perf_analyzer's TLS: the fields (and descriptions) of ``slimserve up``'s, which has the services'
+    triton_tls: bool = _UP_FIELDS["triton_tls"]
+    triton_tls_ca_file: Path | None = _UP_FIELDS["triton_tls_ca_file"]
+    triton_tls_cert_file: Path | None = _UP_FIELDS["triton_tls_cert_file"]
+    triton_tls_key_file: Path | None = _UP_FIELDS["triton_tls_key_file"]
     models: Names = Field((), description="Model names, comma-separated; default: all token models.")
     bundle_model: str = Field(_MODEL_NAME, description="Model whose serving bundle tokenizes prompts.")
     concurrency: Counts = Field((1, 2, 4, 8, 16), description="Concurrency levels, e.g. 1,4,16.")

@@ -195,19 +195,18 @@ def _with_reference_tokens(shortlisted: list[int], sequences, reference, vocab_s
     trimmed graph rather than the shortlist's reach; and the report entry, which counts the written
     tokens the shortlist and their prompt did not hold (its coverage on these prompts)."""
     kept = set(shortlisted)
-    outside = [
-        t
-        for prompt, tokens in zip(sequences, reference, strict=True)
-        for t in tokens
-        if t not in kept and t not in set(prompt)
-    ]
+    outside = []
+    for prompt, tokens in zip(sequences, reference, strict=True):
+        held = kept | set(prompt)
+        outside += [t for t in tokens if t not in held]
+    kept |= set(outside)
     entry = {
-        "shortlist": len(kept | set(outside)),
+        "shortlist": len(kept),
         "vocab_size": vocab_size,
         "parity_tokens_outside": len(outside),
         "parity_tokens_written": sum(len(tokens) for tokens in reference),
     }
-    return sorted(kept | set(outside)), entry
+    return sorted(kept), entry
 
 
 def _build(hf_dir: Path, out_dir: Path, precision: str, output_tokens, vocab_size: int, options=None):
