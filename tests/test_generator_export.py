@@ -225,6 +225,60 @@ def test_engine_with_staggered_joins_matches_pytorch(published, tiny):
     assert engine.stats.tokens == 30 and engine.stats.steps < 30
 
 
+def _logits_per_step(decoder, prompts, max_tokens, joins, steps):
+    """Every step's logits of an engine where prompt ``joins[step]`` joins before ``step`` and each
+    leaves after its ``max_tokens``; and the first KV buffer's address at every step."""
+    engine = BatchEngine(decoder, eos_token_ids=())
+    logits, addresses = [], []
+    run = decoder.decode
+
+    def recording(tokens, batch, extra=np.zeros(0, np.int64)):
+        logits.append(run(tokens, batch, extra).copy())
+        addresses.append(batch.cache[decoder.past_names[0]].ctypes.data)
+        return logits[-1]
+
+    decoder.decode = recording
+    for step in range(steps):
+        if step in joins:
+            index = joins[step]
+            engine.start(index, GenerationRequest(tuple(prompts[index]), max_tokens[index]))
+        engine.step()
+    return logits, addresses
+
+
+def test_a_decode_step_appends_to_the_kv_cache_in_place_as_the_copying_step_would(published, tiny):
+    """On the CPU provider past and present share one buffer: with rows joining and leaving, every
+    step's logits equal those of the step that copies the cache, and the buffer moves only to grow."""
+    _, version_dir = published
+    prompts = encode_prompts(tiny.tokenizer_file, explanation_prompts(3))
+    prompts = [prompts[0][:30], prompts[1][:70], prompts[2][:12]]
+    max_tokens, joins = (90, 20, 60), {0: 0, 4: 1, 9: 2}
+    in_place = OnnxDecoder(version_dir / "model.onnx", 1)
+    copying = OnnxDecoder(version_dir / "model.onnx", 1)
+    copying.in_place, copying.kv_headroom = False, 0
+    assert in_place.in_place and in_place.kv_headroom > 0
+    expected, _ = _logits_per_step(copying, prompts, max_tokens, joins, 100)
+    got, addresses = _logits_per_step(in_place, prompts, max_tokens, joins, 100)
+    assert len(got) == len(expected) == 89  # the longest sequence: 90 tokens, the first from its prefill
+    for step, (row_logits, want) in enumerate(zip(got, expected, strict=True)):
+        np.testing.assert_allclose(row_logits, want, atol=1e-5, err_msg=f"step {step}")
+    moves = sum(a != b for a, b in zip(addresses, addresses[1:]))
+    assert moves <= 6  # three joins, one leave, two growths by the headroom; not once per step
+
+
+def test_kv_batch_with_headroom_grows_by_it_and_keeps_its_capacity():
+    batch = KVBatch(["k"], headroom=8)
+    batch.append({"k": np.ones((1, 2, 3, 4), np.float32)}, 3)
+    batch.reserve(4)
+    assert batch.capacity == 12 and batch.width == 3
+    batch.reserve(12)
+    assert batch.capacity == 12  # room enough: no copy
+    batch.append({"k": np.full((1, 2, 5, 4), 2, np.float32)}, 5)
+    batch.keep([1])
+    assert batch.capacity == 12 and batch.width == 5 and batch.lengths.tolist() == [5]
+    np.testing.assert_array_equal(batch.step_mask(), [[1, 1, 1, 1, 1, 1]])
+
+
 def test_a_stop_token_ends_the_sequence_and_is_not_counted(published, tiny):
     """The stop id ends the request (finish 'stop') without being emitted or counted as generated."""
     _, version_dir = published

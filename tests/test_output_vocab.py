@@ -60,7 +60,7 @@ class MaskedHead:
     """The whole graph with every column outside ``allowed`` at -inf: what a shortlist must equal."""
 
     def __init__(self, decoder, allowed):
-        self.decoder, self.past_names = decoder, decoder.past_names
+        self.decoder, self.past_names, self.kv_headroom = decoder, decoder.past_names, decoder.kv_headroom
         self.blocked = ~np.isin(np.arange(decoder.vocab_size), allowed)
 
     def extra_tokens(self, tokens):
@@ -74,9 +74,8 @@ class MaskedHead:
         logits[..., self.blocked] = -np.inf
         return logits
 
-    def run(self, input_ids, attention_mask, cache, extra=None):
-        logits, cache = self.decoder.run(input_ids, attention_mask, cache)
-        return self._masked(logits), cache
+    def decode(self, tokens, batch, extra=None):
+        return self._masked(self.decoder.decode(tokens, batch))
 
     def prefill(self, prompt, extra=None):
         logits, cache = self.decoder.prefill(prompt)

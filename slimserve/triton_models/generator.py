@@ -46,6 +46,8 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
+# Spare KV positions an in-place cache grows by at a time (one copy of the cache per this many steps).
+KV_HEADROOM = 64
 
 
 class RequestError(ValueError):
@@ -80,6 +82,10 @@ class OnnxDecoder:
         self.vocab_size = vocab_size or int(self.session.get_outputs()[0].shape[-1])
         self.takes_extra = EXTRA_TOKENS_INPUT in inputs
         self.output_names = ["logits", *self.present_names]
+        # On the CPU provider a decode step binds each past and present KV tensor to one buffer, so the
+        # GQA kernel appends the new position in place instead of copying the whole cache (``decode``).
+        self.in_place = list(providers) == ["CPUExecutionProvider"]
+        self.kv_headroom = KV_HEADROOM if self.in_place else 0
 
     def empty_cache(self, batch):
         return {n: np.zeros((batch, self.kv_heads, 0, self.head_size), np.float32) for n in self.past_names}
@@ -104,6 +110,26 @@ class OnnxDecoder:
         outputs = self.session.run(self.output_names, feed)
         logits = outputs[0].reshape(input_ids.shape[0], -1)
         return logits, dict(zip(self.past_names, outputs[1:], strict=True))
+
+    def decode(self, tokens, batch, extra=_NO_TOKENS):
+        """One token for each row of ``batch`` (a ``KVBatch``); returns the logits [rows, outputs]. Its cache
+        gains the new position: written in place into its buffers where ``in_place``, else replaced."""
+        if not self.in_place:
+            logits, batch.cache = self.run(tokens, batch.step_mask(), batch.cache, extra)
+            return logits
+        batch.reserve(batch.width + 1)
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", tokens)
+        binding.bind_cpu_input("attention_mask", batch.step_mask())
+        if self.takes_extra:
+            binding.bind_cpu_input(EXTRA_TOKENS_INPUT, extra)
+        binding.bind_output("logits", "cpu")  # the first output (outputs come in binding order)
+        for past, present in zip(self.past_names, self.present_names, strict=True):
+            buffer = batch.cache[past]  # same pointer in and out: GQA's past-present shared buffer
+            binding.bind_input(past, "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
+            binding.bind_output(present, "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy().reshape(tokens.shape[0], -1)
 
     def prefill(self, prompt, extra=_NO_TOKENS):
         """Run one prompt alone; returns (logits [outputs], its cache of ``len(prompt)`` positions)."""
@@ -150,10 +176,15 @@ def _genai_head_size(onnx_path):
 
 
 class KVBatch:
-    """The running batch's KV cache: arrays [rows, kv_heads, width, head_size], each row right-padded."""
+    """The running batch's KV cache: arrays [rows, kv_heads, capacity, head_size], each row right-padded.
 
-    def __init__(self, names):
+    Row ``b`` holds ``lengths[b]`` valid positions; ``width`` is the longest row. With ``headroom`` the
+    arrays keep spare positions (``reserve`` grows them by at least that many at a time), so an in-place
+    decode step writes into them without a copy; without it the capacity is always the width."""
+
+    def __init__(self, names, headroom=0):
         self.names = list(names)
+        self.headroom = int(headroom)
         self.cache = None
         self.lengths = np.zeros(0, dtype=np.int64)
 
@@ -163,6 +194,10 @@ class KVBatch:
 
     @property
     def width(self):
+        return int(self.lengths.max()) if self.rows else 0
+
+    @property
+    def capacity(self):
         return 0 if self.cache is None else self.cache[self.names[0]].shape[2]
 
     def append(self, row_cache, length):
@@ -170,22 +205,28 @@ class KVBatch:
         if self.cache is None:
             self.cache, self.lengths = row_cache, np.array([length], dtype=np.int64)
             return
-        width = max(self.width, length)
+        capacity = max(self.capacity, length)
         self.cache = {
-            name: np.concatenate([_pad_width(self.cache[name], width), _pad_width(row_cache[name], width)])
+            name: np.concatenate([_pad_width(self.cache[name], capacity), _pad_width(row_cache[name], capacity)])
             for name in self.names
         }
         self.lengths = np.append(self.lengths, np.int64(length))
 
+    def reserve(self, positions):
+        """Make room for ``positions`` positions in every row (grown ``headroom`` beyond, when short)."""
+        if self.capacity < positions:
+            capacity = positions + self.headroom
+            self.cache = {name: _pad_width(self.cache[name], capacity) for name in self.names}
+
     def keep(self, rows):
-        """Keep only ``rows`` (indices, in order); drop padding columns no row needs any more."""
+        """Keep only ``rows`` (indices, in order); without headroom drop the columns no row needs any more."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             self.cache, self.lengths = None, np.zeros(0, dtype=np.int64)
             return
         self.lengths = self.lengths[rows]
-        width = int(self.lengths.max())
-        self.cache = {name: np.ascontiguousarray(self.cache[name][rows, :, :width]) for name in self.names}
+        capacity = self.capacity if self.headroom else self.width
+        self.cache = {name: np.ascontiguousarray(self.cache[name][rows, :, :capacity]) for name in self.names}
 
     def step_mask(self):
         """Attention mask of a one-token step: row b attends to its ``lengths[b]`` positions plus the new one."""
@@ -375,7 +416,7 @@ class BatchEngine:
     def __init__(self, decoder, eos_token_ids=()):
         self.decoder = decoder
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
-        self.batch = KVBatch(decoder.past_names)
+        self.batch = KVBatch(decoder.past_names, decoder.kv_headroom)
         self.sequences = []  # row order of self.batch
         self.stats = EngineStats()
         self._columns = None  # the running prompts' extra ids and their columns (None: to compute)
@@ -427,7 +468,7 @@ class BatchEngine:
             return []
         tokens = np.array([[s.last_token] for s in self.sequences], dtype=np.int64)
         extra, columns = self._running_columns()
-        logits, self.batch.cache = self.decoder.run(tokens, self.batch.step_mask(), self.batch.cache, extra)
+        logits = self.decoder.decode(tokens, self.batch, extra)
         self.batch.lengths = self.batch.lengths + 1
         self.stats.steps += 1
         events = [
@@ -449,7 +490,7 @@ class BatchEngine:
 
     def reset(self):
         self.sequences = []
-        self.batch = KVBatch(self.decoder.past_names)
+        self.batch = KVBatch(self.decoder.past_names, self.decoder.kv_headroom)
         self._columns = None
 
 
