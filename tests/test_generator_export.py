@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -232,8 +233,8 @@ def _logits_per_step(decoder, prompts, max_tokens, joins, steps):
     logits, addresses = [], []
     run = decoder.decode
 
-    def recording(tokens, batch, extra=np.zeros(0, np.int64)):
-        logits.append(run(tokens, batch, extra).copy())
+    def recording(tokens, batch, *extra):
+        logits.append(run(tokens, batch, *extra).copy())
         addresses.append(batch.cache[decoder.past_names[0]].ctypes.data)
         return logits[-1]
 
@@ -262,7 +263,7 @@ def test_a_decode_step_appends_to_the_kv_cache_in_place_as_the_copying_step_woul
     assert len(got) == len(expected) == 89  # the longest sequence: 90 tokens, the first from its prefill
     for step, (row_logits, want) in enumerate(zip(got, expected, strict=True)):
         np.testing.assert_allclose(row_logits, want, atol=1e-5, err_msg=f"step {step}")
-    moves = sum(a != b for a, b in zip(addresses, addresses[1:]))
+    moves = sum(a != b for a, b in itertools.pairwise(addresses))
     assert moves <= 6  # three joins, one leave, two growths by the headroom; not once per step
 
 

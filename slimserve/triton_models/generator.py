@@ -207,7 +207,9 @@ class KVBatch:
             return
         capacity = max(self.capacity, length)
         self.cache = {
-            name: np.concatenate([_pad_width(self.cache[name], capacity), _pad_width(row_cache[name], capacity)])
+            name: np.concatenate(
+                [_pad_width(self.cache[name], capacity), _pad_width(row_cache[name], capacity)]
+            )
             for name in self.names
         }
         self.lengths = np.append(self.lengths, np.int64(length))
