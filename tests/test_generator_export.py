@@ -256,7 +256,7 @@ def test_a_decode_step_appends_to_the_kv_cache_in_place_as_the_copying_step_woul
     max_tokens, joins = (90, 20, 60), {0: 0, 4: 1, 9: 2}
     in_place = OnnxDecoder(version_dir / "model.onnx", 1)
     copying = OnnxDecoder(version_dir / "model.onnx", 1)
-    copying.in_place, copying.kv_headroom = False, 0
+    copying.in_place = False
     assert in_place.in_place and in_place.kv_headroom > 0
     expected, _ = _logits_per_step(copying, prompts, max_tokens, joins, 100)
     got, addresses = _logits_per_step(in_place, prompts, max_tokens, joins, 100)

@@ -85,7 +85,11 @@ class OnnxDecoder:
         # On the CPU provider a decode step binds each past and present KV tensor to one buffer, so the
         # GQA kernel appends the new position in place instead of copying the whole cache (``decode``).
         self.in_place = list(providers) == ["CPUExecutionProvider"]
-        self.kv_headroom = KV_HEADROOM if self.in_place else 0
+
+    @property
+    def kv_headroom(self):
+        """Spare positions its ``KVBatch`` keeps: room for in-place steps, none for copying ones."""
+        return KV_HEADROOM if self.in_place else 0
 
     def empty_cache(self, batch):
         return {n: np.zeros((batch, self.kv_heads, 0, self.head_size), np.float32) for n in self.past_names}
