@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 
@@ -85,6 +86,28 @@ def _read(path: Path | None, flag: str) -> bytes | None:
         return path.read_bytes()
     except OSError as exc:
         raise UserError(f"{flag} {path}: {exc}") from None
+
+
+# The settings of a service's (or a benchmark's) connection to a Triton given by triton_url.
+TRITON_TLS_FIELDS = (
+    "triton_tls",
+    "triton_tls_ca_file",
+    "triton_tls_cert_file",
+    "triton_tls_key_file",
+    "triton_tls_server_name",
+)
+
+
+def check_triton_tls(config: Any, started_here: str | None = None) -> None:
+    """Raise ``ValueError`` where ``config``'s ``triton_tls*`` fields do not fit together: the client
+    certificate needs its key; with ``started_here`` (why: the Triton is started locally, in plaintext)
+    none may be set without ``triton_url``. One rule for every config that has these fields."""
+    if started_here is not None and getattr(config, "triton_url", None) is None:
+        chosen = [name for name in TRITON_TLS_FIELDS if getattr(config, name, None)]
+        if chosen:
+            raise ValueError(f"{chosen[0]} needs triton_url: {started_here}")
+    if (config.triton_tls_cert_file is None) != (config.triton_tls_key_file is None):
+        raise ValueError("triton_tls_cert_file and triton_tls_key_file go together: set both or neither")
 
 
 def security_from_files(

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
+from .channel import TRITON_TLS_FIELDS, check_triton_tls
 from .export.pipeline import ScorerExportConfig
 from .serving.reasoning.config import ReasoningServiceConfig
 from .serving.scoring.config import ScoringServiceConfig
@@ -23,14 +24,6 @@ from .settings import Settings, field_like
 DEFAULT_RECIPE = "cpu"
 _TRITON = {field.name: field.default for field in dataclasses.fields(TritonServerConfig)}
 _PORT = {"ge": 0, "le": 65535}
-# How the services reach a Triton given by triton_url (the services' own fields, passed through).
-TRITON_TLS_FIELDS = (
-    "triton_tls",
-    "triton_tls_ca_file",
-    "triton_tls_cert_file",
-    "triton_tls_key_file",
-    "triton_tls_server_name",
-)
 
 
 class UpConfig(Settings):
@@ -141,11 +134,7 @@ class UpConfig(Settings):
 
     @model_validator(mode="after")
     def _tls_needs_a_remote_triton(self) -> UpConfig:
-        chosen = [name for name in TRITON_TLS_FIELDS if getattr(self, name)]
-        if chosen and self.triton_url is None:
-            raise ValueError(
-                f"{chosen[0]} needs triton_url: the Triton that up starts listens in plaintext on loopback"
-            )
+        check_triton_tls(self, started_here="the Triton that up starts listens in plaintext on loopback")
         return self
 
     def triton_config(self, models: tuple[str, ...], repository: Path | None = None) -> TritonServerConfig:

@@ -254,6 +254,19 @@ def test_up_refuses_triton_tls_without_a_remote_triton(pki):
         UpConfig(triton_tls_ca_file=pki.ca)
 
 
+def test_bench_triton_refuses_triton_tls_it_cannot_use(pki):
+    """The same rules as the services' and up's: a remote Triton for TLS, the key with the certificate."""
+    from slimserve.bench.config import TritonBenchConfig
+
+    with pytest.raises(ValueError, match="triton_tls needs triton_url"):
+        TritonBenchConfig(triton_tls=True)
+    with pytest.raises(ValueError, match="triton_tls_cert_file and triton_tls_key_file go together"):
+        TritonBenchConfig(triton_url="127.0.0.1:1", triton_tls_cert_file=pki.client_cert)
+    assert TritonBenchConfig().perf_tls() is None
+    tls = TritonBenchConfig(triton_url="127.0.0.1:1", triton_tls_ca_file=pki.ca).perf_tls()
+    assert tls is not None and tls.ca_file == pki.ca
+
+
 @pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
 def test_perf_analyzer_drives_a_tls_triton(tls_triton, mtls_triton, repository, pki, mutual):
     """``bench triton``'s perf_analyzer speaks TLS (and mTLS) to a remote Triton; plaintext fails."""

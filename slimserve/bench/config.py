@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..channel import check_triton_tls
 from ..serving.scoring.config import ScoringServiceConfig
 from ..settings import Settings
 from ..up_config import UpConfig
@@ -269,11 +270,12 @@ class TritonBenchConfig(WorkloadConfig):
         files = (self.triton_tls_ca_file, self.triton_tls_cert_file, self.triton_tls_key_file)
         if not self.triton_tls and not any(files):
             return None
-        if self.triton_url is None:
-            raise ValueError("triton_tls needs triton_url: the Triton started here listens in plaintext")
-        if (self.triton_tls_cert_file is None) != (self.triton_tls_key_file is None):
-            raise ValueError("triton_tls_cert_file and triton_tls_key_file go together: set both or neither")
         return PerfTls(*files)
+
+    @model_validator(mode="after")
+    def _tls_needs_a_remote_triton(self) -> TritonBenchConfig:
+        check_triton_tls(self, started_here="the Triton that bench triton starts listens in plaintext")
+        return self
 
 
 class GrpcBenchConfig(WorkloadConfig):

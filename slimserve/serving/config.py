@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from ..channel import check_triton_tls
 from ..settings import ConfigError, Settings, add_config_flags, config_from_args, load_config
 
 if TYPE_CHECKING:
@@ -138,8 +139,7 @@ class GrpcServiceConfig(ServiceConfig):
             raise ValueError("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
         if self.metrics_require_token and not (self.auth_tokens or self.auth_tokens_file):
             raise ValueError("metrics_require_token needs auth_tokens or auth_tokens_file")
-        if (self.triton_tls_cert_file is None) != (self.triton_tls_key_file is None):
-            raise ValueError("triton_tls_cert_file and triton_tls_key_file go together: set both or neither")
+        check_triton_tls(self)
         if self.health_port and self.health_port == self.port:
             raise ValueError(f"health_port ({self.health_port}) must differ from port")
         return self
