@@ -77,3 +77,18 @@ def test_matmul_peak_is_measured():
 
     rates = matmul_peak(FloorConfig(hidden=32, intermediate=64, rows=64, seconds=0.05))
     assert set(rates) == {"32->64", "64->32", "32->32"} and min(rates.values()) > 0
+
+
+def test_floor_measures_at_the_precision_the_build_trained_at(tmp_path):
+    from slimserve.bench.floor import matmul_peak
+    from slimserve.compression.precision import resolve
+
+    assert FloorConfig(work_dir=tmp_path).measured_precision() == "fp32"  # no recipe.json: an old build
+    (tmp_path / "recipe.json").write_text(json.dumps({"precision": "auto"}))
+    assert FloorConfig(work_dir=tmp_path).measured_precision() == resolve("auto")
+    config = FloorConfig(
+        work_dir=tmp_path, precision="bf16", hidden=32, intermediate=64, rows=64, seconds=0.05
+    )
+    assert config.measured_precision() == "bf16" and min(matmul_peak(config).values()) > 0
+    report = FloorReport(10**11, {"576->1536": 10**11}, [], "bf16")
+    assert "(BF16;" in format_floor(report)

@@ -1,8 +1,8 @@
 """``slimserve bench floor``: a build's stages against this machine's matrix-multiply floor.
 
 Each stage records its seconds and the FLOPs of its linear layers (``buildstage.flops``). This
-measures the machine's peak rate for the linear layers' products (FP32 matrix multiplies at a
-transformer's shapes, in PyTorch, on every core) and prints, per stage, the rate it ran at and the
+measures the machine's peak rate for the linear layers' products (matrix multiplies at a
+transformer's shapes, in PyTorch, on every core, at the precision the build trained at) and prints, per stage, the rate it ran at and the
 seconds its linear-layer work would take at that peak: the floor no implementation of the same
 stage with the same data can go below on this machine (at the same precision).
 """
@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -35,6 +35,21 @@ class FloorConfig(Settings):
     )
     rows: int = Field(2048, ge=1, description="Tokens per measured product (a training micro-batch's order).")
     seconds: float = Field(2.0, gt=0, description="Seconds each shape is measured for.")
+    precision: Literal["auto", "fp32", "bf16"] | None = Field(
+        None,
+        description="Precision of the measured products; unset: the build's (its recipe.json, as it "
+        "resolves on this machine; fp32 for builds that did not record one).",
+    )
+
+    def measured_precision(self) -> Literal["fp32", "bf16"]:
+        """The products' precision: the given one, else the build's, resolved here."""
+        from ..compression.precision import resolve
+
+        chosen = self.precision
+        if chosen is None:
+            recipe = self.work_dir / "recipe.json"
+            chosen = json.loads(recipe.read_text()).get("precision", "fp32") if recipe.is_file() else "fp32"
+        return resolve(chosen)
 
 
 @dataclass
@@ -60,8 +75,11 @@ def stage_work(work_dir: Path) -> list[StageWork]:
 
 
 def matmul_peak(config: FloorConfig) -> dict[str, float]:
-    """FLOP/s of ``x @ W.T`` for the projections' and the MLP's shapes (FP32, PyTorch's threads)."""
+    """FLOP/s of ``x @ W.T`` for the projections' and the MLP's shapes (``config.measured_precision()``,
+    PyTorch's threads)."""
     import torch
+
+    dtype = torch.bfloat16 if config.measured_precision() == "bf16" else torch.float32
 
     shapes = {
         f"{config.hidden}->{config.intermediate}": (config.hidden, config.intermediate),
@@ -71,7 +89,8 @@ def matmul_peak(config: FloorConfig) -> dict[str, float]:
     rates = {}
     with torch.inference_mode():
         for name, (inputs, outputs) in shapes.items():
-            x, weight = torch.randn(config.rows, inputs), torch.randn(outputs, inputs)
+            x = torch.randn(config.rows, inputs, dtype=dtype)
+            weight = torch.randn(outputs, inputs, dtype=dtype)
             for _ in range(3):
                 x @ weight.T
             calls, started = 0, time.perf_counter()
@@ -87,6 +106,7 @@ class FloorReport:
     peak_flops_per_s: float
     rates: dict[str, float]
     stages: list[StageWork]
+    precision: str = "fp32"
 
     def floor_seconds(self, work: StageWork) -> float:
         return work.linear_flops / self.peak_flops_per_s
@@ -96,6 +116,7 @@ class FloorReport:
             "peak_flops_per_s": self.peak_flops_per_s,
             "rates": self.rates,
             "stages": [{**asdict(w), "floor_seconds": self.floor_seconds(w)} for w in self.stages],
+            "precision": self.precision,
         }
 
 
@@ -109,7 +130,7 @@ def run_floor(config: FloorConfig) -> FloorReport:
             "(stages record it from this version on; build there first)"
         )
     rates = matmul_peak(config)
-    return FloorReport(max(rates.values()), rates, stages)
+    return FloorReport(max(rates.values()), rates, stages, config.measured_precision())
 
 
 def _row(label: str, seconds: float, flops: int, report: FloorReport) -> str:
@@ -125,7 +146,8 @@ def _total(label: str, works: list[StageWork], report: FloorReport) -> str:
 def format_floor(report: FloorReport) -> str:
     shapes = ", ".join(f"{name} {rate / 1e9:.0f}" for name, rate in report.rates.items())
     lines = [
-        f"matrix-multiply peak here: {report.peak_flops_per_s / 1e9:.0f} GFLOP/s (FP32; {shapes})",
+        f"matrix-multiply peak here: {report.peak_flops_per_s / 1e9:.0f} GFLOP/s "
+        f"({report.precision.upper()}; {shapes})",
         "",
         "| stage | seconds | linear TFLOP | GFLOP/s | seconds at peak |",
         "|---|---:|---:|---:|---:|",

@@ -32,6 +32,13 @@ def _scorer_data(recipe: Recipe) -> dict:
     return {"data": {**_dump(recipe.data), "prompt_template": SCORING_TEMPLATE_VERSION}}
 
 
+def _precision(recipe: Recipe) -> str:
+    """What the recipe's precision means on this machine (a stage built at another re-runs)."""
+    from ..compression.precision import resolve
+
+    return resolve(recipe.precision)
+
+
 def _generator_base(recipe: Recipe) -> dict:
     """What every generator stage depends on: the data, the original teacher, its text and evaluation,
     and its fine-tune (and the explain prompt template: a new one re-runs every generator stage)."""
@@ -45,6 +52,7 @@ def _generator_base(recipe: Recipe) -> dict:
         "teacher_text": _dump(g.teacher_text),
         "evaluation": _dump(g.evaluation),
         "finetune": _dump(g.finetune) if g.finetune.enabled else {"enabled": False},
+        "precision": _precision(recipe),
     }
 
 
@@ -58,7 +66,7 @@ def _generator_finetune(recipe: Recipe) -> dict:
 # stage -> (the stage whose settings it builds on, the settings it adds)
 UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "data": (None, _scorer_data),
-    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher)}),
+    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher), "precision": _precision(r)}),
     "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
     "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from ..compression.precision import Precision
 from ..compression.trainer import TrainConfig
 from ..export.scoring_layout import ScoringLayout
 from ..export.tensorrt.settings import TensorRTSettings, check_profiles_fit
@@ -148,6 +149,12 @@ class Recipe(Settings):
     publish: PublishSettings = Field(default_factory=PublishSettings)
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="target: tensorrt only")
     speed_seconds: float = Field(5.0, gt=0, description="Seconds per in-process speed measurement")
+    precision: Precision = Field(
+        "auto",
+        description="Matrix products of the PyTorch training passes (and of the teacher passes that only feed "
+        "them): fp32, bf16 (autocast, FP32 weights and losses), or auto (bf16 where the CPU has AMX, else "
+        "fp32). Evaluations are FP32 whatever it is.",
+    )
     generator: GeneratorSettings | None = Field(
         None, description="The generator student (reasoning workload); unset: the build makes no generator"
     )

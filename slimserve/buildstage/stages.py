@@ -56,6 +56,7 @@ def label_ids(data: BuildData) -> tuple[int, int]:
 def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
     """Cache the frozen layers once (per member: its prefix once, each item), evaluate, fine-tune the
     top layers, evaluate, soft-label."""
+    from ..compression import precision
     from ..compression.split_scorer import MemberHiddenCache
 
     settings = recipe.teacher
@@ -64,7 +65,10 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     caches = {}
     for name in ("train", "validation", "test", "pool"):
         if data.sequences[name]:
-            with progress_bar(len(data.sequences[name]), f"teacher layers 1-{split.cut}, {name}") as bar:
+            with (
+                precision.compute(),
+                progress_bar(len(data.sequences[name]), f"teacher layers 1-{split.cut}, {name}") as bar,
+            ):
                 caches[name] = MemberHiddenCache(split, data.groups[name], progress=bar.update)
     base = cached_logits(split, {"test": caches["test"]})["test"]
     rows = [evaluate("teacher", base, data, None, loaded_model)]

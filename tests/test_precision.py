@@ -1,0 +1,73 @@
+"""The build's PyTorch precision: what ``auto`` picks, autocast only inside ``compute()`` blocks of a
+``using`` block, FP32 weights after BF16 training, and stages re-run when the precision changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimserve.buildstage.context import stage_config
+from slimserve.buildstage.recipe import load_recipe
+from slimserve.compression import precision
+from slimserve.compression.trainer import TrainConfig, train
+from slimserve.settings import ConfigError
+
+
+def test_resolve_names_the_choice_and_refuses_unknown_ones():
+    assert precision.resolve("fp32") == "fp32" and precision.resolve("bf16") == "bf16"
+    assert precision.resolve("auto") == ("bf16" if precision.has_bf16_matrix_units() else "fp32")
+    with pytest.raises(ValueError, match="precision: 'fp16'"):
+        precision.resolve("fp16")
+
+
+def test_compute_autocasts_only_inside_a_bf16_using_block():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    with precision.compute():
+        assert layer(x).dtype == torch.float32  # nothing configured: FP32
+    with precision.using("bf16") as chosen:
+        assert chosen == "bf16" and precision.current() == "bf16"
+        assert layer(x).dtype == torch.float32  # outside compute(): FP32 (the evaluations)
+        with precision.compute():
+            assert layer(x).dtype == torch.bfloat16
+        with precision.using("fp32"), precision.compute():
+            assert layer(x).dtype == torch.float32
+        assert precision.current() == "bf16"  # the inner block restored it
+    assert precision.current() == "fp32"
+
+
+def test_training_at_bf16_learns_and_keeps_fp32_weights():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 1)
+    x = torch.randn(256, 16)
+    y = x @ torch.randn(16, 1)
+
+    def loss_fn(rows):
+        out = layer(x[rows])
+        assert out.dtype == torch.bfloat16  # the forward ran under autocast
+        return torch.nn.functional.mse_loss(out.float(), y[rows])
+
+    def plan(epoch):
+        order = torch.randperm(256, generator=torch.Generator().manual_seed(epoch))
+        return [order[i : i + 32] for i in range(0, 256, 32)]
+
+    with torch.no_grad():
+        before = float(torch.nn.functional.mse_loss(layer(x), y))
+    with precision.using("bf16"):
+        report = train(
+            list(layer.parameters()), plan, loss_fn, TrainConfig(epochs=20, lr=0.05, batch_size=32)
+        )
+    with torch.no_grad():
+        after = float(torch.nn.functional.mse_loss(layer(x), y))
+    assert all(p.dtype == torch.float32 for p in layer.parameters())
+    assert after < 0.2 * before, (before, after, report.as_dict())
+
+
+def test_the_recipe_field_is_checked_and_reruns_the_stages():
+    with pytest.raises(ConfigError, match="precision"):
+        load_recipe("tiny", overrides={"precision": "fp16"})
+    fp32, bf16 = (load_recipe("tiny", overrides={"precision": p}) for p in ("fp32", "bf16"))
+    assert stage_config(fp32, "data") == stage_config(bf16, "data")  # the data does not depend on it
+    for stage in ("teacher", "distill", "redistill"):
+        assert stage_config(fp32, stage)["precision"] == "fp32"
+        assert stage_config(fp32, stage) != stage_config(bf16, stage)
