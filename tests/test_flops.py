@@ -79,16 +79,23 @@ def test_matmul_peak_is_measured():
     assert set(rates) == {"32->64", "64->32", "32->32"} and min(rates.values()) > 0
 
 
-def test_floor_measures_at_the_precision_the_build_trained_at(tmp_path):
+def test_floor_takes_a_bf16_teacher_stage_at_the_bf16_peak(tmp_path):
     from slimserve.bench.floor import matmul_peak
     from slimserve.compression.precision import resolve
 
-    assert FloorConfig(work_dir=tmp_path).measured_precision() == "fp32"  # no recipe.json: an old build
-    (tmp_path / "recipe.json").write_text(json.dumps({"precision": "auto"}))
-    assert FloorConfig(work_dir=tmp_path).measured_precision() == resolve("auto")
-    config = FloorConfig(
-        work_dir=tmp_path, precision="bf16", hidden=32, intermediate=64, rows=64, seconds=0.05
-    )
-    assert config.measured_precision() == "bf16" and min(matmul_peak(config).values()) > 0
-    report = FloorReport(10**11, {"576->1536": 10**11}, [], "bf16")
-    assert "(BF16;" in format_floor(report)
+    _mark(tmp_path, "teacher", 50.0, 4 * 10**12)
+    _mark(tmp_path, "distill", 20.0, 10**12)
+    assert [w.precision for w in stage_work(tmp_path)] == ["fp32", "fp32"]  # no recipe.json: FP32
+    (tmp_path / "recipe.json").write_text(json.dumps({"teacher": {"precision": "auto"}}))
+    assert stage_work(tmp_path)[0].precision == resolve("auto")
+    (tmp_path / "recipe.json").write_text(json.dumps({"teacher": {"precision": "bf16"}}))
+    works = stage_work(tmp_path)
+    assert [w.precision for w in works] == ["bf16", "fp32"]
+    report = FloorReport(10**11, {"576->1536": 10**11}, works, {"bf16": 4 * 10**11})
+    assert report.floor_seconds(works[0]) == pytest.approx(10.0)  # at the BF16 peak
+    table = format_floor(report)
+    assert "BF16 peak here: 400 GFLOP/s" in table
+    assert "| teacher (BF16) | 50 | 4.0 | 80 | 10 |" in table
+    assert "| until the scorer is published | 70 | 5.0 | 71 | 20 |" in table
+    small = FloorConfig(hidden=32, intermediate=64, rows=64, seconds=0.05)
+    assert min(matmul_peak(small, "bf16").values()) > 0

@@ -1,5 +1,6 @@
-"""The build's PyTorch precision: what ``auto`` picks, autocast only inside ``compute()`` blocks of a
-``using`` block, FP32 weights after BF16 training, and stages re-run when the precision changes."""
+"""The teacher stage's PyTorch precision: what ``auto`` picks, autocast only inside ``compute()`` blocks
+of a ``using`` block, FP32 weights after BF16 training, students in FP32, and stages re-run when the
+precision changes."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def test_training_at_bf16_learns_and_keeps_fp32_weights():
     y = x @ torch.randn(16, 1)
 
     def loss_fn(rows):
-        out = layer(x[rows])
+        with precision.compute():
+            out = layer(x[rows])
         assert out.dtype == torch.bfloat16  # the forward ran under autocast
         return torch.nn.functional.mse_loss(out.float(), y[rows])
 
@@ -63,11 +65,29 @@ def test_training_at_bf16_learns_and_keeps_fp32_weights():
     assert after < 0.2 * before, (before, after, report.as_dict())
 
 
-def test_the_recipe_field_is_checked_and_reruns_the_stages():
+def test_the_trainer_itself_stays_fp32():
+    """Students train in FP32 even inside a BF16 block: only ``compute()`` autocasts."""
+    layer = torch.nn.Linear(4, 1)
+    seen = []
+
+    def loss_fn(rows):
+        out = layer(torch.ones(2, 4))
+        seen.append(out.dtype)
+        return out.pow(2).mean()
+
+    with precision.using("bf16"):
+        train(list(layer.parameters()), lambda epoch: [0, 1], loss_fn, TrainConfig(epochs=1))
+    assert seen == [torch.float32, torch.float32]
+
+
+def test_the_recipe_field_is_checked_and_reruns_the_teacher_and_after():
     with pytest.raises(ConfigError, match="precision"):
-        load_recipe("tiny", overrides={"precision": "fp16"})
-    fp32, bf16 = (load_recipe("tiny", overrides={"precision": p}) for p in ("fp32", "bf16"))
+        load_recipe("tiny", overrides={"teacher": {"precision": "fp16"}})
+    fp32, bf16 = (load_recipe("tiny", overrides={"teacher": {"precision": p}}) for p in ("fp32", "bf16"))
     assert stage_config(fp32, "data") == stage_config(bf16, "data")  # the data does not depend on it
     for stage in ("teacher", "distill", "redistill"):
         assert stage_config(fp32, stage)["precision"] == "fp32"
         assert stage_config(fp32, stage) != stage_config(bf16, stage)
+    auto = load_recipe("tiny")
+    assert auto.teacher.precision == "auto"
+    assert stage_config(auto, "teacher")["precision"] == precision.resolve("auto")  # resolved, not "auto"

@@ -2,7 +2,7 @@
 
 Each stage records its seconds and the FLOPs of its linear layers (``buildstage.flops``). This
 measures the machine's peak rate for the linear layers' products (matrix multiplies at a
-transformer's shapes, in PyTorch, on every core, at the precision the build trained at) and prints, per stage, the rate it ran at and the
+transformer's shapes, in PyTorch, on every core; FP32, and BF16 for a teacher stage that ran at BF16) and prints, per stage, the rate it ran at and the
 seconds its linear-layer work would take at that peak: the floor no implementation of the same
 stage with the same data can go below on this machine (at the same precision).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -35,21 +35,6 @@ class FloorConfig(Settings):
     )
     rows: int = Field(2048, ge=1, description="Tokens per measured product (a training micro-batch's order).")
     seconds: float = Field(2.0, gt=0, description="Seconds each shape is measured for.")
-    precision: Literal["auto", "fp32", "bf16"] | None = Field(
-        None,
-        description="Precision of the measured products; unset: the build's (its recipe.json, as it "
-        "resolves on this machine; fp32 for builds that did not record one).",
-    )
-
-    def measured_precision(self) -> Literal["fp32", "bf16"]:
-        """The products' precision: the given one, else the build's, resolved here."""
-        from ..compression.precision import resolve
-
-        chosen = self.precision
-        if chosen is None:
-            recipe = self.work_dir / "recipe.json"
-            chosen = json.loads(recipe.read_text()).get("precision", "fp32") if recipe.is_file() else "fp32"
-        return resolve(chosen)
 
 
 @dataclass
@@ -57,6 +42,16 @@ class StageWork:
     stage: str
     seconds: float
     linear_flops: int
+    precision: str = "fp32"  # of its matrix products (the teacher stage's may be bf16)
+
+
+def teacher_precision(work_dir: Path) -> str:
+    """The precision the build's teacher stage ran at (its recipe.json, resolved on this machine)."""
+    from ..compression.precision import resolve
+
+    recipe = work_dir / "recipe.json"
+    teacher = json.loads(recipe.read_text()).get("teacher", {}) if recipe.is_file() else {}
+    return resolve(teacher.get("precision", "fp32"))
 
 
 def stage_work(work_dir: Path) -> list[StageWork]:
@@ -71,15 +66,18 @@ def stage_work(work_dir: Path) -> list[StageWork]:
         done = json.loads(marker.read_text())
         if "seconds" in done and "linear_flops" in done:
             found.append(StageWork(stage, float(done["seconds"]), int(done["linear_flops"])))
+    for work in found:
+        if work.stage == "teacher":
+            work.precision = teacher_precision(work_dir)
     return found
 
 
-def matmul_peak(config: FloorConfig) -> dict[str, float]:
-    """FLOP/s of ``x @ W.T`` for the projections' and the MLP's shapes (``config.measured_precision()``,
+def matmul_peak(config: FloorConfig, precision: str = "fp32") -> dict[str, float]:
+    """FLOP/s of ``x @ W.T`` for the projections' and the MLP's shapes (``precision``: fp32 or bf16;
     PyTorch's threads)."""
     import torch
 
-    dtype = torch.bfloat16 if config.measured_precision() == "bf16" else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
 
     shapes = {
         f"{config.hidden}->{config.intermediate}": (config.hidden, config.intermediate),
@@ -103,20 +101,23 @@ def matmul_peak(config: FloorConfig) -> dict[str, float]:
 
 @dataclass
 class FloorReport:
-    peak_flops_per_s: float
-    rates: dict[str, float]
+    peak_flops_per_s: float  # FP32
+    rates: dict[str, float]  # FP32, per shape
     stages: list[StageWork]
-    precision: str = "fp32"
+    other_peaks: dict[str, float] = field(default_factory=dict)  # precision -> peak, for stages not at FP32
+
+    def peak(self, precision: str) -> float:
+        return self.other_peaks.get(precision, self.peak_flops_per_s)
 
     def floor_seconds(self, work: StageWork) -> float:
-        return work.linear_flops / self.peak_flops_per_s
+        return work.linear_flops / self.peak(work.precision)
 
     def as_dict(self) -> dict:
         return {
             "peak_flops_per_s": self.peak_flops_per_s,
             "rates": self.rates,
             "stages": [{**asdict(w), "floor_seconds": self.floor_seconds(w)} for w in self.stages],
-            "precision": self.precision,
+            "other_peaks": self.other_peaks,
         }
 
 
@@ -130,29 +131,35 @@ def run_floor(config: FloorConfig) -> FloorReport:
             "(stages record it from this version on; build there first)"
         )
     rates = matmul_peak(config)
-    return FloorReport(max(rates.values()), rates, stages, config.measured_precision())
+    others = {w.precision for w in stages} - {"fp32"}
+    other_peaks = {p: max(matmul_peak(config, p).values()) for p in sorted(others)}
+    return FloorReport(max(rates.values()), rates, stages, other_peaks)
 
 
-def _row(label: str, seconds: float, flops: int, report: FloorReport) -> str:
+def _row(label: str, seconds: float, flops: int, floor: float) -> str:
     rate = flops / max(seconds, 1e-9) / 1e9
-    floor = flops / report.peak_flops_per_s
     return f"| {label} | {seconds:.0f} | {flops / 1e12:.1f} | {rate:.0f} | {floor:.0f} |"
 
 
 def _total(label: str, works: list[StageWork], report: FloorReport) -> str:
-    return _row(label, sum(w.seconds for w in works), sum(w.linear_flops for w in works), report)
+    seconds, flops = sum(w.seconds for w in works), sum(w.linear_flops for w in works)
+    return _row(label, seconds, flops, sum(report.floor_seconds(w) for w in works))
+
+
+def _label(work: StageWork) -> str:
+    return work.stage if work.precision == "fp32" else f"{work.stage} ({work.precision.upper()})"
 
 
 def format_floor(report: FloorReport) -> str:
     shapes = ", ".join(f"{name} {rate / 1e9:.0f}" for name, rate in report.rates.items())
     lines = [
-        f"matrix-multiply peak here: {report.peak_flops_per_s / 1e9:.0f} GFLOP/s "
-        f"({report.precision.upper()}; {shapes})",
+        f"matrix-multiply peak here: {report.peak_flops_per_s / 1e9:.0f} GFLOP/s (FP32; {shapes})",
+        *(f"{p.upper()} peak here: {peak / 1e9:.0f} GFLOP/s" for p, peak in report.other_peaks.items()),
         "",
         "| stage | seconds | linear TFLOP | GFLOP/s | seconds at peak |",
         "|---|---:|---:|---:|---:|",
     ]
-    lines += [_row(w.stage, w.seconds, w.linear_flops, report) for w in report.stages]
+    lines += [_row(_label(w), w.seconds, w.linear_flops, report.floor_seconds(w)) for w in report.stages]
     scorer = [w for w in report.stages if w.stage in SCORER_STAGES]
     if scorer:
         lines.append(_total("until the scorer is published", scorer, report))

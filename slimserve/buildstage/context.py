@@ -32,11 +32,11 @@ def _scorer_data(recipe: Recipe) -> dict:
     return {"data": {**_dump(recipe.data), "prompt_template": SCORING_TEMPLATE_VERSION}}
 
 
-def _precision(recipe: Recipe) -> str:
-    """What the recipe's precision means on this machine (a stage built at another re-runs)."""
+def _teacher_precision(recipe: Recipe) -> str:
+    """What the teacher's precision means on this machine (a teacher built at another re-runs)."""
     from ..compression.precision import resolve
 
-    return resolve(recipe.precision)
+    return resolve(recipe.teacher.precision)
 
 
 def _generator_base(recipe: Recipe) -> dict:
@@ -52,7 +52,6 @@ def _generator_base(recipe: Recipe) -> dict:
         "teacher_text": _dump(g.teacher_text),
         "evaluation": _dump(g.evaluation),
         "finetune": _dump(g.finetune) if g.finetune.enabled else {"enabled": False},
-        "precision": _precision(recipe),
     }
 
 
@@ -66,7 +65,7 @@ def _generator_finetune(recipe: Recipe) -> dict:
 # stage -> (the stage whose settings it builds on, the settings it adds)
 UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "data": (None, _scorer_data),
-    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher), "precision": _precision(r)}),
+    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher), "precision": _teacher_precision(r)}),
     "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
     "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),

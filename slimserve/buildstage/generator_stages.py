@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
 
-from ..compression import precision
 from ..compression.generator_data import Sampling, TeacherText
 from ..compression.trainer import progress_bar
 from ..errors import BuildError, UserError
@@ -232,7 +231,7 @@ def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[
     if instructions:
         general = chat_prompts(instructions, ctx.tokenizer_file, max_prompt)
         sampling = Sampling(settings.general_max_new_tokens)
-        with precision.compute(), progress_bar(len(general), "teacher answers free instructions") as bar:
+        with progress_bar(len(general), "teacher answers free instructions") as bar:
             generated = generate(
                 teacher,
                 general,
@@ -292,7 +291,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         else:
             examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)
-        with precision.compute(), progress_bar(len(prompts), f"teacher text, {name}") as bar:
+        with progress_bar(len(prompts), f"teacher text, {name}") as bar:
             generated = generate(
                 ctx.teacher, prompts, sampling, ctx.end_ids, settings.batch_size, top_k, bar.update
             )

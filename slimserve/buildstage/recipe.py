@@ -50,6 +50,12 @@ class TeacherSettings(_Strict):
     finetune: bool = Field(True, description="Fine-tune the teacher on the labels")
     train_top_layers: int = Field(4, ge=1, description="Layers trained (the rest run once, cached)")
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=5e-5, epochs=2, batch_size=16))
+    precision: Precision = Field(
+        "auto",
+        description="Matrix products of the frozen-layer cache and the top-layer fine-tune: fp32, bf16 "
+        "(autocast; FP32 weights, optimizer and loss), or auto (bf16 where the CPU has AMX tiles, else "
+        "fp32). The evaluations, the soft labels' top layers and every student stage are FP32.",
+    )
 
 
 class DistillSettings(_Strict):
@@ -149,12 +155,6 @@ class Recipe(Settings):
     publish: PublishSettings = Field(default_factory=PublishSettings)
     tensorrt: TensorRTSettings = Field(default_factory=TensorRTSettings, description="target: tensorrt only")
     speed_seconds: float = Field(5.0, gt=0, description="Seconds per in-process speed measurement")
-    precision: Precision = Field(
-        "auto",
-        description="Matrix products of the PyTorch training passes (and of the teacher passes that only feed "
-        "them): fp32, bf16 (autocast, FP32 weights and losses), or auto (bf16 where the CPU has AMX, else "
-        "fp32). Evaluations are FP32 whatever it is.",
-    )
     generator: GeneratorSettings | None = Field(
         None, description="The generator student (reasoning workload); unset: the build makes no generator"
     )

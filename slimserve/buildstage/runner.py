@@ -68,20 +68,7 @@ def run_build(
     With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
     meanwhile), and ``on_generator_published`` is called once the generator is, before the teacher's
-    speed is measured for the report; without them, a failing generator gate publishes nothing.
-    The PyTorch training passes run at the recipe's ``precision`` (``compression.precision``)."""
-    from ..compression import precision
-
-    with precision.using(recipe.precision) as chosen:
-        log.info(
-            "PyTorch training passes at %s (precision: %s); evaluations at fp32", chosen, recipe.precision
-        )
-        return _run_stages(recipe, restart, command, on_scorer_published, on_generator_published)
-
-
-def _run_stages(
-    recipe: Recipe, restart: bool, command: str, on_scorer_published, on_generator_published
-) -> BuildResult:
+    speed is measured for the report; without them, a failing generator gate publishes nothing."""
     from ..models.teacher import LazyTeacher
     from .int8_stage import publish, run_int8, run_teacher_speed
     from .stages import run_distill, run_prune, run_redistill, run_teacher

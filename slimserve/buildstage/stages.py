@@ -55,11 +55,25 @@ def label_ids(data: BuildData) -> tuple[int, int]:
 
 def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
     """Cache the frozen layers once (per member: its prefix once, each item), evaluate, fine-tune the
-    top layers, evaluate, soft-label."""
+    top layers, evaluate, soft-label. The cache and the fine-tune run at the teacher's ``precision``;
+    the evaluations and the soft labels are FP32."""
+    from ..compression import precision
+
+    settings = recipe.teacher
+    with precision.using(settings.precision) as chosen:
+        log.info(
+            "teacher stage: frozen-layer cache and fine-tune at %s (precision: %s)",
+            chosen,
+            settings.precision,
+        )
+        return _teacher_passes(settings, data, loaded_model, out)
+
+
+def _teacher_passes(settings, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
+    """``run_teacher``'s passes, inside its precision block."""
     from ..compression import precision
     from ..compression.split_scorer import MemberHiddenCache
 
-    settings = recipe.teacher
     graph = ScorerGraph(loaded_model, *label_ids(data)).eval()
     split = teacher_split(graph, settings.train_top_layers)
     caches = {}

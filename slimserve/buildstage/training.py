@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..compression import precision
 from ..compression.batches import MemberGroup, member_batches, multi_item_batch
 from ..compression.losses import distill_loss, label_loss
 from ..compression.split_scorer import MemberHiddenCache, SplitScorer, top_logits_multi
@@ -33,7 +34,8 @@ def finetune_top_layers(
     validation: tuple[MemberHiddenCache, np.ndarray] | None = None,
 ) -> TrainReport:
     """Fit the top layers on cached bottom states (per member) with the label loss on the two label
-    logits; batches are whole members, about ``config.batch_size`` examples each.
+    logits; batches are whole members, about ``config.batch_size`` examples each. The forward runs at
+    ``compression.precision``'s setting (the teacher stage's).
 
     With ``validation`` (a cache and its labels), the weights of the epoch with the best validation AUC
     are kept.
@@ -46,7 +48,8 @@ def finetune_top_layers(
 
     def loss_fn(chosen: np.ndarray) -> torch.Tensor:
         indices, prefix_h, prefix_mask, item_h, item_mask, valid = cache.batch(chosen)
-        logits = split.top_label_logits_multi(prefix_h, prefix_mask, item_h, item_mask)[valid]
+        with precision.compute():
+            logits = split.top_label_logits_multi(prefix_h, prefix_mask, item_h, item_mask)[valid]
         return label_loss(logits, targets[indices])
 
     split.graph.train()

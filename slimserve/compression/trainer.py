@@ -18,8 +18,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from . import precision
-
 log = logging.getLogger(__name__)
 
 
@@ -149,8 +147,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for micro in batches[step * config.grad_accum : (step + 1) * config.grad_accum]:
-                with precision.compute():
-                    loss = loss_fn(micro) / config.grad_accum
+                loss = loss_fn(micro) / config.grad_accum
                 loss.backward()
                 step_loss += float(loss.detach())
                 report.micro_batches += 1

@@ -95,7 +95,10 @@ class MultiItemScorer(nn.Module):
         flat = item_h.reshape(batch * items, length, hidden)
         rows = torch.arange(batch * items, device=item_h.device)
         picked = self.body.norm(flat[rows, last])
-        logits = self.scorer.label_head(picked) * self.scorer.logit_scale
+        # Two rows: FP32 costs nothing here, and under BF16 autocast a logit's rounding (about 0.1 at the
+        # label logits' size) would be as large as the margins the losses learn from.
+        with torch.autocast(picked.device.type, enabled=False):
+            logits = self.scorer.label_head(picked.float()) * self.scorer.logit_scale
         return logits.reshape(batch, items, 2)
 
     # -- layers -----------------------------------------------------------------------------------
