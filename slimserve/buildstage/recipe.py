@@ -51,10 +51,11 @@ class TeacherSettings(_Strict):
     train_top_layers: int = Field(4, ge=1, description="Layers trained (the rest run once, cached)")
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=5e-5, epochs=2, batch_size=16))
     precision: Precision = Field(
-        "auto",
+        "fp32",
         description="Matrix products of the frozen-layer cache and the top-layer fine-tune: fp32, bf16 "
         "(autocast; FP32 weights, optimizer and loss), or auto (bf16 where the CPU has AMX tiles, else "
-        "fp32). The evaluations, the soft labels' top layers and every student stage are FP32.",
+        "fp32). The evaluations, the soft labels' top layers and every student stage are FP32. BF16 made "
+        "the teacher stage 1.4x faster on AMX but its students 0.006 test AUC worse (README, Precision).",
     )
 
 
