@@ -2,8 +2,8 @@
 
 Each stage records its seconds and the FLOPs of its linear layers (``buildstage.flops``). This
 measures the machine's peak rate for the linear layers' products (matrix multiplies at a
-transformer's shapes, in PyTorch, on every core; FP32, and BF16 for a teacher stage that ran at BF16) and prints, per stage, the rate it ran at and the
-seconds its linear-layer work would take at that peak: the floor no implementation of the same
+transformer's shapes, in PyTorch, on every core; FP32, and BF16 for a teacher stage that ran at BF16)
+and prints, per stage, the rate it ran at and the seconds its linear-layer work would take at that peak: the floor no implementation of the same
 stage with the same data can go below on this machine (at the same precision).
 """
 

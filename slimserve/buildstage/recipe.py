@@ -55,7 +55,7 @@ class TeacherSettings(_Strict):
         description="Matrix products of the frozen-layer cache and the top-layer fine-tune: fp32, bf16 "
         "(autocast; FP32 weights, optimizer and loss), or auto (bf16 where the CPU has AMX tiles, else "
         "fp32). The evaluations, the soft labels' top layers and every student stage are FP32. BF16 made "
-        "the teacher stage 1.4x faster on AMX but its students 0.006 test AUC worse (README, Precision).",
+        "the teacher stage 1.4x faster on AMX but its students 0.005 test AUC worse (README, Precision).",
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compression import precision
 from ..compression.trainer import progress_bar
 from ..evaluation.report import StageRow, quality_row
 from ..models.scorer_graph import ScorerGraph
@@ -57,8 +58,6 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     """Cache the frozen layers once (per member: its prefix once, each item), evaluate, fine-tune the
     top layers, evaluate, soft-label. The cache and the fine-tune run at the teacher's ``precision``;
     the evaluations and the soft labels are FP32."""
-    from ..compression import precision
-
     settings = recipe.teacher
     with precision.using(settings.precision) as chosen:
         log.info(
@@ -71,7 +70,6 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
 
 def _teacher_passes(settings, data: BuildData, loaded_model, out: Path) -> list[StageRow]:
     """``run_teacher``'s passes, inside its precision block."""
-    from ..compression import precision
     from ..compression.split_scorer import MemberHiddenCache
 
     graph = ScorerGraph(loaded_model, *label_ids(data)).eval()

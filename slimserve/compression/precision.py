@@ -10,20 +10,17 @@ students distilled from it ended 0.005 test AUC lower; it was slower for generat
 student, which therefore never use it.
 
 ``auto`` picks BF16 only where it is known to be fast: Intel AMX tiles (a 4096x576 by 576x1536 product
-ran at 1,413 GFLOP/s in BF16 against 177 in FP32 on those 2 cores). Without them BF16 runs in AVX-512 or is emulated, which can be slower than FP32,
-so ``auto`` stays FP32 there.
+ran at 1,413 GFLOP/s in BF16 against 177 in FP32 on those 2 cores). Without them BF16 runs in AVX-512
+or is emulated, which can be slower than FP32, so ``auto`` stays FP32 there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Literal
 
 import torch
-
-log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16"]
 
@@ -48,7 +45,7 @@ def resolve(precision: Precision) -> Literal["fp32", "bf16"]:
 @contextlib.contextmanager
 def using(precision: Precision) -> Iterator[Literal["fp32", "bf16"]]:
     """Within the block, ``compute()`` runs at ``precision`` (resolved, and yielded); the previous
-    precision comes back after it. A build wraps its stages in one."""
+    precision comes back after it. The teacher stage wraps its passes in one."""
     global _autocast_dtype
     chosen = resolve(precision)
     previous, _autocast_dtype = _autocast_dtype, (torch.bfloat16 if chosen == "bf16" else None)
@@ -56,11 +53,6 @@ def using(precision: Precision) -> Iterator[Literal["fp32", "bf16"]]:
         yield chosen
     finally:
         _autocast_dtype = previous
-
-
-def current() -> Literal["fp32", "bf16"]:
-    """The precision ``compute()`` runs at now."""
-    return "fp32" if _autocast_dtype is None else "bf16"
 
 
 @contextlib.contextmanager
