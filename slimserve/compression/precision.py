@@ -10,8 +10,9 @@ students distilled from it ended 0.005 test AUC lower; it was slower for generat
 student, which therefore never use it.
 
 ``auto`` picks BF16 only where it is known to be fast: Intel AMX tiles (a 4096x576 by 576x1536 product
-ran at 1,413 GFLOP/s in BF16 against 177 in FP32 on those 2 cores). Without them BF16 runs in AVX-512
-or is emulated, which can be slower than FP32, so ``auto`` stays FP32 there.
+ran at 1,413 GFLOP/s in BF16 against 177 in FP32 on those 2 cores, in an ad-hoc PyTorch loop beside a
+build; ``slimserve bench floor`` measures both peaks for a BF16 teacher stage). Without them BF16 runs in
+AVX-512 or is emulated, which can be slower than FP32, so ``auto`` stays FP32 there.
 """
 
 from __future__ import annotations
