@@ -444,11 +444,17 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
                 servers.append(await _serve_reasoning(options, triton_url, generator_dir))
             if not build.done.done():
                 print(  # noqa: T201
-                    "\nMeasuring the teacher's speed for the closing table (stage teacher_speed)."
+                    "\nFor the closing table: the magnitude-pruning baselines and every model's speed "
+                    "(stages prune_baselines, speed)."
                 )
             if not await _first(stop, build.done):
                 raise _Interrupted
-            build.done.result()
+            final = build.done.result()
+            if recipe.prune.compare_magnitude:
+                from .evaluation.report import markdown_table
+
+                print(f"\nBuild (recipe {recipe.name}), the scorer's stages with the pruning baselines:")  # noqa: T201
+                print(markdown_table(final.rows))  # noqa: T201
             _print_summary(recipe)
             return await _until_stopped(options, stop)
         finally:

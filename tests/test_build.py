@@ -49,7 +49,8 @@ def test_every_stage_runs_and_the_int8_student_is_published(built):
         assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
     multi = result.rows[-1]
     assert multi.notes["spearman_vs_single_int8"] > 0.9 and multi.notes["auc_gap_vs_single_int8"] < 0.05
-    assert result.rows[1].items_per_s_batch32 > 0 and result.rows[1].file_mb > 0  # stage teacher_speed
+    assert result.rows[1].items_per_s_batch32 > 0 and result.rows[1].file_mb > 0  # stage speed
+    assert result.rows[-3].items_per_s_batch32 > 0 and result.rows[-3].file_mb > 0  # the FP32 student
     student = result.rows[-3]
     assert 0 < student.non_embedding_parameters < result.rows[1].non_embedding_parameters
     assert result.bayes_optimal_auc is not None and 0.5 < result.bayes_optimal_auc < 1.0
@@ -84,17 +85,21 @@ def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog
     recipe, first = built
     work = recipe.resolved_work_dir()
     (work / "redistill" / "done.json").unlink()  # as if the build died during re-distillation
-    (work / "teacher_speed" / "done.json").unlink()  # (int8 runs again: its student was re-distilled)
-    teacher_measured_at_publish = []  # slimserve up serves the scorer before the teacher is measured
+    for stage in ("prune_baselines", "speed"):  # the stages only the report reads
+        (work / stage / "done.json").unlink()
+    report_only_done_at_publish = []  # slimserve up serves the scorer before the report-only stages
 
     def on_scorer_published(result):
-        teacher_measured_at_publish.append((work / "teacher_speed" / "done.json").exists())
+        done = [(work / s / "done.json").exists() for s in ("prune_baselines", "speed")]
+        report_only_done_at_publish.append(done)
+        assert [r.stage for r in result.rows if r.notes.get("baseline")] == []
 
     with caplog.at_level("INFO"):
         again = run_build(recipe, on_scorer_published=on_scorer_published)
-    assert teacher_measured_at_publish == [False] and again.rows[1].items_per_s_batch32 > 0
-    report = json.loads((work / "report.json").read_text())  # rewritten with the teacher's speed
+    assert report_only_done_at_publish == [[False, False]] and again.rows[1].items_per_s_batch32 > 0
+    report = json.loads((work / "report.json").read_text())  # rewritten with the speeds and baselines
     assert report["stages"][1]["items_per_s_batch32"] > 0
+    assert [s["stage"] for s in report["stages"]] == [r.stage for r in first.rows]
     skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
     assert {"teacher", "distill", "prune"} <= skipped
     assert set(again.seconds) >= {"redistill", "int8"} and "teacher" not in again.seconds

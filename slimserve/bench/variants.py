@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..buildstage.artifacts import TEACHER_GRAPH, TEACHER_SPEED_STAGE
+from ..buildstage.artifacts import SPEED_STAGE, TEACHER_GRAPH
 from ..bundle import SCORING_SINGLE, TOKENIZER_FILE, load_bundle
 from ..prompts import SCORING_TEMPLATE_VERSION
 
@@ -52,6 +52,14 @@ def batching_configs(delays_us: tuple[int, ...] = (0, 300), max_batch_size: int 
     return [Batching("off", 1)] + [Batching(f"on-{d}us", max_batch_size, d) for d in delays_us]
 
 
+def _teacher_graph(work: Path) -> Path:
+    """The fine-tuned teacher's FP32 graph of a build (in ``teacher_speed/`` for builds made before the
+    stage ``speed`` replaced that stage)."""
+    path = work / SPEED_STAGE / TEACHER_GRAPH
+    older = work / "teacher_speed" / TEACHER_GRAPH
+    return older if not path.is_file() and older.is_file() else path
+
+
 def variants_from_build(work_dir: Path) -> list[Variant]:
     """Teacher FP32, student FP32 and the chosen INT8 student of a ``slimserve build`` work directory."""
     work = Path(work_dir)
@@ -61,7 +69,7 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
     found = [
         Variant(
             "teacher FP32",
-            work / TEACHER_SPEED_STAGE / TEACHER_GRAPH,
+            _teacher_graph(work),
             str(work / "teacher" / "model"),
             "teacher fine-tuned",
         ),

@@ -16,7 +16,7 @@ from ..evaluation.report import StageRow
 DONE_FILE = "done.json"
 
 # the fine-tuned teacher's FP32 scoring graph, in its stage's directory (``bench compare`` serves it)
-TEACHER_SPEED_STAGE = "teacher_speed"
+SPEED_STAGE = "speed"
 TEACHER_GRAPH = Path("teacher_fp32") / "model.onnx"
 
 

@@ -68,12 +68,13 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "teacher": ("data", lambda r: {"teacher": _dump(r.teacher), "precision": _teacher_precision(r)}),
     "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
+    "prune_baselines": ("prune", lambda r: {}),
     "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),
-    "teacher_speed": ("teacher", lambda r: {"buckets": list(r.publish.length_buckets)}),
     "int8": (
         "redistill",
         lambda r: {"quantize": _dump(r.quantize), "buckets": list(r.publish.length_buckets)},
     ),
+    "speed": ("int8", lambda r: {"speed_seconds": r.speed_seconds}),
     "tensorrt": (
         "redistill",
         lambda r: {
@@ -96,8 +97,9 @@ STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "distill": ("teacher",),
     "prune": ("teacher", "distill"),
     "redistill": ("teacher", "prune"),
-    "teacher_speed": ("teacher",),
+    "prune_baselines": ("teacher", "distill"),
     "int8": ("redistill",),
+    "speed": ("teacher", "int8"),
     "gen_finetune": ("data",),
     "gen_teacher": ("data", "gen_finetune"),
     "gen_prune": ("gen_teacher",),

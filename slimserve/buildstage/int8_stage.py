@@ -1,8 +1,9 @@
-"""The INT8 stage (export the student, quantize, evaluate in ONNX Runtime, measure speed) and publishing."""
+"""The INT8 stage (export the student, quantize, evaluate in ONNX Runtime), the speed stage and publishing."""
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from pathlib import Path
 
@@ -87,16 +88,25 @@ def onnx_logits_margin(onnx_path: Path, sequences: list[list[int]], buckets) -> 
     return out
 
 
-def _speed(row: StageRow, onnx_path: Path, data: BuildData, recipe: Recipe) -> None:
-    from ..compression.quantize import model_bytes
-    from ..evaluation.throughput import measure_onnx_speed
+GRAPHS_FILE = "graphs.json"  # in the int8 stage: row stage -> [layout, ONNX path], for the speed stage
 
-    speed = measure_onnx_speed(
-        onnx_path, data.sequences["test"][:256], recipe.publish.length_buckets, seconds=recipe.speed_seconds
-    )
+
+def _speed(row: StageRow, onnx_path: Path, data: BuildData, recipe: Recipe, layout: str = "single") -> None:
+    """Fill ``row``'s items/s and one-item latency: ONNX Runtime in process, laid out as served."""
+    from ..evaluation.throughput import measure_multi_item_speed, measure_onnx_speed
+
+    if layout == "multi_item":
+        item_buckets = recipe.publish.item_length_buckets
+        speed = measure_multi_item_speed(
+            onnx_path, data.groups["test"][:64], item_buckets, seconds=recipe.speed_seconds
+        )
+    else:
+        buckets = recipe.publish.length_buckets
+        speed = measure_onnx_speed(
+            onnx_path, data.sequences["test"][:256], buckets, seconds=recipe.speed_seconds
+        )
     row.items_per_s_batch32 = speed.items_per_s_batch32
     row.single_item_ms = speed.single_item_latency_ms_p50
-    row.file_mb = model_bytes(onnx_path) / 1e6
 
 
 def _quantize(method: str, fp32: Path, target: Path, calibration, settings) -> None:
@@ -118,20 +128,17 @@ def _quantize(method: str, fp32: Path, target: Path, calibration, settings) -> N
 def run_int8(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
 ) -> tuple[list[StageRow], Path]:
-    """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). Adds speed
-    to the FP32 student's row (the teacher's comes from ``run_teacher_speed``). With
+    """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). With
     ``publish.scoring_mode: multi_item`` the chosen method is also applied to the multi-item graph,
-    checked against the single-sequence INT8 graph, and that graph is published."""
-    from ..compression.quantize import calibration_batches
+    checked against the single-sequence INT8 graph, and that graph is published. Speeds are measured
+    later, by ``run_speeds``: the stage records its graphs in ``GRAPHS_FILE``."""
+    from ..compression.quantize import calibration_batches, model_bytes
 
     buckets = recipe.publish.length_buckets
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
     student_lm = artifacts.load_causal_lm(student_dir / "model")
     fp32 = export_graph(student_lm, data, recipe, out / "fp32" / "model.onnx")
-    by_stage = {r.stage: r for r in rows}
-    _speed(by_stage["pruned + re-distilled"], fp32, data, recipe)
-
-    teacher_auc = by_stage["teacher fine-tuned"].test_auc
+    teacher_auc = next(r for r in rows if r.stage == "teacher fine-tuned").test_auc
     settings = recipe.quantize
     methods = ["static", "weight-only", "dynamic"] if settings.method == "auto" else [settings.method]
     candidates = []
@@ -153,25 +160,42 @@ def run_int8(
             break
         log.warning("INT8 %s: retention %.4f below the gate %.4f", method, row.retention, recipe.gates.int8)
     row, chosen, method, margin = max(candidates, key=lambda c: c[0].test_auc)
-    _speed(row, chosen, data, recipe)
-    if recipe.publish.scoring_mode != "multi_item":
-        return [row], chosen
-    multi_row, multi_path = _multi_item_int8(recipe, data, student_lm, method, row, margin, out, teacher_test)
-    return [row, multi_row], multi_path
+    row.file_mb = model_bytes(chosen) / 1e6
+    graphs = {"pruned + re-distilled": ["single", str(fp32)], row.stage: ["single", str(chosen)]}
+    result = [row], chosen
+    if recipe.publish.scoring_mode == "multi_item":
+        multi_row, multi_path = _multi_item_int8(
+            recipe, data, student_lm, method, row, margin, out, teacher_test
+        )
+        graphs[multi_row.stage] = ["multi_item", str(multi_path)]
+        result = [row, multi_row], multi_path
+    (out / GRAPHS_FILE).write_text(json.dumps(graphs, indent=2) + "\n")
+    return result
 
 
-def run_teacher_speed(
-    recipe: Recipe, data: BuildData, teacher_dir: Path, teacher_row: StageRow, out: Path
+def run_speeds(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, int8_dir: Path, rows: list[StageRow], out: Path
 ) -> list[StageRow]:
-    """The fine-tuned teacher's FP32 graph (``artifacts.TEACHER_GRAPH``) and its speed: ``teacher_row`` with
-    speed and file size. Only the stage table and ``bench compare`` need it, so it runs after the scorer
-    is published (``slimserve up`` serves the student meanwhile)."""
+    """The stage ``speed``: copies of the fine-tuned teacher's row (its FP32 graph exported here as
+    ``artifacts.TEACHER_GRAPH``) and of the rows of the int8 stage's graphs, each with its items/s,
+    one-item latency and file size. Only the stage table and ``bench compare`` read them, so
+    ``slimserve up`` runs this after the scorer is published."""
+    from ..compression.quantize import model_bytes
+
+    by_stage = {r.stage: r for r in rows}
+    teacher_row = by_stage["teacher fine-tuned"]
     path = export_graph(
         artifacts.load_causal_lm(teacher_dir / "model"), data, recipe, out / artifacts.TEACHER_GRAPH
     )
-    row = copy.deepcopy(teacher_row)
-    _speed(row, path, data, recipe)
-    return [row]
+    graphs = {teacher_row.stage: ["single", str(path)]}
+    graphs.update(json.loads((int8_dir / GRAPHS_FILE).read_text()))
+    measured = []
+    for stage, (layout, onnx_path) in graphs.items():
+        row = copy.deepcopy(by_stage[stage])
+        _speed(row, Path(onnx_path), data, recipe, layout)
+        row.file_mb = model_bytes(Path(onnx_path)) / 1e6
+        measured.append(row)
+    return measured
 
 
 def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin, out, teacher_test):
@@ -179,7 +203,6 @@ def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin
     notes the Spearman correlation and AUC gap to the single-sequence INT8 scores."""
     from ..errors import BuildError
     from ..evaluation.metrics import spearman
-    from ..evaluation.throughput import measure_multi_item_speed
 
     layout = recipe.publish
     fp32 = export_multi_item_graph(student_lm, data, recipe, out / "multi_item_fp32" / "model.onnx")
@@ -197,10 +220,6 @@ def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin
     row.retention = single_row.retention * row.test_auc / single_row.test_auc
     correlation, gap = spearman(single_margin, margin), abs(row.test_auc - single_row.test_auc)
     row.notes = {"spearman_vs_single_int8": correlation, "auc_gap_vs_single_int8": gap}
-    speed = measure_multi_item_speed(
-        target, data.groups["test"][:64], layout.item_length_buckets, seconds=recipe.speed_seconds
-    )
-    row.items_per_s_batch32, row.single_item_ms = speed.items_per_s_batch32, speed.single_item_latency_ms_p50
     row.file_mb = single_row.file_mb
     log.info("multi-item INT8 vs single-sequence INT8: spearman %.5f, AUC gap %.5f", correlation, gap)
     gates = recipe.gates

@@ -24,7 +24,7 @@ from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
-STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "teacher_speed", "publish")
+STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "prune_baselines", "speed", "publish")
 
 
 @dataclass
@@ -70,8 +70,8 @@ def run_build(
     meanwhile), and ``on_generator_published`` is called once the generator is, before the teacher's
     speed is measured for the report; without them, a failing generator gate publishes nothing."""
     from ..models.teacher import LazyTeacher
-    from .int8_stage import publish, run_int8, run_teacher_speed
-    from .stages import run_distill, run_prune, run_redistill, run_teacher
+    from .int8_stage import publish, run_int8, run_speeds
+    from .stages import run_distill, run_prune, run_prune_baselines, run_redistill, run_teacher
 
     if recipe.target == "tensorrt":
         from .tensorrt_stage import preflight
@@ -106,6 +106,7 @@ def run_build(
     distilled = timed("distill", lambda out: run_distill(recipe, data, teacher_dir, out))
     _gate(distilled[0], recipe.gates.distilled, teacher_auc)
     pruned = timed("prune", lambda out: run_prune(recipe, data, teacher_dir, work / "distill", out))
+    pruned = [row for row in pruned if not row.notes.get("baseline")]  # (kept there by older builds)
     for row in pruned:
         row.retention = row.test_auc / teacher_auc
     redistilled = timed(
@@ -113,6 +114,20 @@ def run_build(
     )
     _gate(redistilled[0], recipe.gates.pruned_redistilled, teacher_auc)
     rows += distilled + pruned + redistilled
+
+    def baselines(rows: list[StageRow]) -> None:
+        """The magnitude-pruning baselines (stage ``prune_baselines``), in the table after OSSCAR's row."""
+        if not recipe.prune.compare_magnitude:
+            return
+        found = timed(
+            "prune_baselines",
+            lambda out: run_prune_baselines(recipe, data, teacher_dir, work / "distill", out),
+        )
+        for row in found:
+            row.retention = row.test_auc / teacher_auc
+        at = next(i for i, r in enumerate(rows) if r.stage == "pruned (osscar)") + 1
+        rows[at:at] = found
+
     if recipe.target == "tensorrt":
         from .tensorrt_stage import tensorrt_tail
 
@@ -127,6 +142,7 @@ def run_build(
             publisher,
             generator,
             (on_scorer_published, on_generator_published),
+            baselines,
         )
 
     chosen: dict[str, Path] = {}
@@ -135,24 +151,28 @@ def run_build(
         int8_rows, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
         chosen["path"] = path
         (out / "chosen.json").write_text(json.dumps({"path": str(path)}) + "\n")
-        artifacts.save_rows(out, rows, "earlier_rows.json")  # they gained speed and size figures
         return int8_rows
 
     int8_rows = timed("int8", int8)
     if "path" not in chosen:
         chosen["path"] = Path(json.loads((work / "int8" / "chosen.json").read_text())["path"])
-    rows = artifacts.load_rows(work / "int8", "earlier_rows.json")
     for row in int8_rows:  # the single-sequence INT8 graph and, multi-item, the published one
         _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
 
-    def teacher_speed(rows: list[StageRow]) -> None:
-        """Fill the teacher row's speed and size from the stage ``teacher_speed``."""
-        row = next(r for r in rows if r.stage == "teacher fine-tuned")
-        stage = artifacts.TEACHER_SPEED_STAGE
-        measured = timed(stage, lambda out: run_teacher_speed(recipe, data, teacher_dir, row, out))[0]
-        row.items_per_s_batch32, row.single_item_ms = measured.items_per_s_batch32, measured.single_item_ms
-        row.file_mb = measured.file_mb
+    def report_only(rows: list[StageRow]) -> None:
+        """The baselines, then every model's speed and file size (stage ``speed``) into its row."""
+        baselines(rows)
+        speed_stage = artifacts.SPEED_STAGE
+        measured = timed(
+            speed_stage, lambda out: run_speeds(recipe, data, teacher_dir, work / "int8", rows, out)
+        )
+        by_stage = {r.stage: r for r in measured}
+        for row in rows:
+            if row.stage in by_stage:
+                found = by_stage[row.stage]
+                row.items_per_s_batch32, row.single_item_ms = found.items_per_s_batch32, found.single_item_ms
+                row.file_mb = found.file_mb
 
     return _report_and_publish(
         recipe,
@@ -165,7 +185,7 @@ def run_build(
         ),
         generator,
         (on_scorer_published, on_generator_published),
-        teacher_speed,
+        report_only,
     )
 
 
@@ -188,21 +208,22 @@ def _report_and_publish(
     publisher,
     generator=None,
     callbacks=(None, None),
-    teacher_speed=None,
+    report_only=None,
 ) -> BuildResult:
-    """Measure the teacher (``teacher_speed(rows)``, when given), run the generator stages (when the
-    recipe has them; their gates fail before anything is published), write the report and model card,
-    then publish (``publisher(card)``, then the generator).
+    """Run the stages only the report reads (``report_only(rows)``, when given: the pruning baselines,
+    the speeds), run the generator stages (when the recipe has them; their gates fail before anything
+    is published), write the report and model card, then publish (``publisher(card)``, then the
+    generator).
 
     With ``callbacks`` = (on_scorer_published, on_generator_published): publish the scorer first, call
-    the first, run the generator stages, publish the generator, call the second, then measure the
-    teacher and rewrite the report (the teacher's speed only fills the report's table, so the services
-    do not wait for it). A model published before from the same recipe and still the repository's
+    the first, run the generator stages, publish the generator, call the second, then run the
+    report-only stages and rewrite the report (they only fill the report's table, so the services do
+    not wait for them). A model published before from the same recipe and still the repository's
     latest is kept rather than published again when none of its stages ran."""
     on_scorer_published, on_generator_published = callbacks
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data"})
-    measure_teacher = teacher_speed or (lambda rows: None)
+    fill_report = report_only or (lambda rows: None)
 
     def publish_scorer() -> None:
         card = _write_report(recipe, result, command)
@@ -221,7 +242,7 @@ def _report_and_publish(
             result.generator_rows = generator_stages.run_generator(generator, seconds)
 
     if on_scorer_published is None:  # everything measured and gated before anything is published
-        measure_teacher(rows)
+        fill_report(rows)
         run_generator()
         publish_scorer()
         publish_generator()
@@ -232,7 +253,7 @@ def _report_and_publish(
     publish_generator()
     if on_generator_published is not None:
         on_generator_published(result)
-    measure_teacher(rows)
+    fill_report(rows)
     _write_report(recipe, result, command)
     return result
 

@@ -163,26 +163,37 @@ def run_distill(recipe: Recipe, data: BuildData, teacher_dir: Path, out: Path) -
 def run_prune(
     recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path
 ) -> list[StageRow]:
-    """OSSCAR-style pruning of the distilled student; with ``compare_magnitude``, the baselines of the
-    same size beside it: magnitude with the same closed-form re-fit of the kept weights (the fair one:
-    only the choice of units differs) and plain magnitude (original weights)."""
+    """OSSCAR-style pruning of the distilled student (the baselines beside it: ``run_prune_baselines``)."""
+    student_lm = artifacts.load_causal_lm(student_dir / "model")
+    pruned, logits, row = _pruned_and_evaluated(student_lm, data, recipe, teacher_dir, "osscar")
+    artifacts.save_causal_lm(pruned, out / "model")
+    artifacts.save_arrays(out, logits_test=logits)
+    return [row]
+
+
+def run_prune_baselines(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path
+) -> list[StageRow]:
+    """The baselines of OSSCAR's size: magnitude with the same closed-form re-fit of the kept weights
+    (the fair one: only the choice of units differs) and plain magnitude (original weights). Only the
+    stage table reads them, so ``slimserve up`` runs them after the scorer is published."""
+    rows = []
+    for method in ("magnitude+refit", "magnitude"):
+        student_lm = artifacts.load_causal_lm(student_dir / "model")
+        *_, row = _pruned_and_evaluated(student_lm, data, recipe, teacher_dir, method)
+        row.notes["baseline"] = True  # compared, not carried on
+        rows.append(row)
+    return rows
+
+
+def _pruned_and_evaluated(student_lm, data: BuildData, recipe: Recipe, teacher_dir: Path, method: str):
+    """(pruned model, its test logits, its row) for one pruning ``method`` at the recipe's sizes."""
     settings = recipe.prune
     sizes = {"mlp_keep": settings.mlp_keep, "heads_per_kv_group": settings.heads_per_kv_group}
+    pruned, _ = _prune(student_lm, data, recipe, method=method, **sizes)
+    logits = _test_logits(ScorerGraph(pruned, *label_ids(data)).eval(), data)
     teacher_test = artifacts.load_array(teacher_dir, "logits_test")
-    rows = []
-    variants = ["osscar", "magnitude+refit", "magnitude"] if settings.compare_magnitude else ["osscar"]
-    for method in variants:
-        student_lm = artifacts.load_causal_lm(student_dir / "model")
-        pruned, _ = _prune(student_lm, data, recipe, method=method, **sizes)
-        logits = _test_logits(ScorerGraph(pruned, *label_ids(data)).eval(), data)
-        row = evaluate(f"pruned ({method})", logits, data, teacher_test, pruned)
-        rows.append(row)
-        if method != "osscar":
-            row.notes["baseline"] = True  # compared, not carried on
-        if method == "osscar":
-            artifacts.save_causal_lm(pruned, out / "model")
-            artifacts.save_arrays(out, logits_test=logits)
-    return rows
+    return pruned, logits, evaluate(f"pruned ({method})", logits, data, teacher_test, pruned)
 
 
 def run_redistill(
