@@ -108,6 +108,17 @@ def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog
     assert again.published.version == 2
 
 
+def test_a_rerun_of_only_the_report_stages_publishes_nothing_new(built):
+    recipe, _ = built
+    work, repository = recipe.resolved_work_dir(), recipe.publish.model_repository
+    before = list_versions(repository, "scorer")
+    for stage in ("prune_baselines", "speed"):
+        (work / stage / "done.json").unlink()
+    again = run_build(recipe)
+    assert set(again.seconds) - {"data"} == {"prune_baselines", "speed"}
+    assert list_versions(repository, "scorer") == before
+
+
 def test_gate_above_what_was_reached_fails_and_publishes_nothing(built, tmp_path):
     recipe, _ = built
     gates = recipe.gates.model_copy(update={"distilled": 1.5})

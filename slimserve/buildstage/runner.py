@@ -25,6 +25,7 @@ from .resumable import StageRunner
 log = logging.getLogger(__name__)
 
 STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "prune_baselines", "speed", "publish")
+REPORT_ONLY_STAGES = ("prune_baselines", artifacts.SPEED_STAGE)  # a rerun of these alone publishes nothing
 
 
 @dataclass
@@ -222,7 +223,7 @@ def _report_and_publish(
     latest is kept rather than published again when none of its stages ran."""
     on_scorer_published, on_generator_published = callbacks
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
-    scorer_ran = bool(set(seconds) - {"data"})
+    scorer_ran = bool(set(seconds) - {"data", *REPORT_ONLY_STAGES})
     fill_report = report_only or (lambda rows: None)
 
     def publish_scorer() -> None:
