@@ -301,3 +301,24 @@ def test_multi_item_input_data_keeps_each_request_shape():
     assert data[0]["item_mask"]["content"] == [1, 0, 1, 1]
     with pytest.raises(ValueError, match="input_ids"):
         multi_item_input_data_json(short, ("input_ids",))
+
+
+def test_a_multi_item_build_gives_its_single_sequence_graphs_to_bench_compare(tmp_path):
+    import json as json_module
+
+    from slimserve.bench.variants import variants_from_build
+
+    work = tmp_path / "work"
+    graphs = ["teacher_speed/teacher_fp32", "int8/fp32", "int8/int8_static", "int8/multi_item_int8_static"]
+    for graph in graphs:
+        (work / graph).mkdir(parents=True)
+        (work / graph / "model.onnx").write_bytes(b"")
+    chosen = work / "int8" / "multi_item_int8_static" / "model.onnx"
+    (work / "int8" / "chosen.json").write_text(json_module.dumps({"path": str(chosen)}))
+    teacher, student, int8 = variants_from_build(work)
+    assert teacher.onnx == work / "teacher_speed" / "teacher_fp32" / "model.onnx"  # a build before `speed`
+    assert student.onnx == work / "int8" / "fp32" / "model.onnx"
+    assert int8.onnx == work / "int8" / "int8_static" / "model.onnx"  # not the multi-item graph
+    (work / "int8" / "int8_static" / "model.onnx").unlink()
+    with pytest.raises(FileNotFoundError, match="int8_static"):
+        variants_from_build(work)

@@ -60,8 +60,18 @@ def _teacher_graph(work: Path) -> Path:
     return older if not path.is_file() and older.is_file() else path
 
 
+def _single_sequence(chosen: Path) -> Path:
+    """The single-sequence INT8 graph of a build that published ``chosen``: its twin beside a multi-item
+    graph (``int8/multi_item_<method>/`` -> ``int8/<method>/``), made the same way."""
+    prefix = "multi_item_"
+    if not chosen.parent.name.startswith(prefix):
+        return chosen
+    return chosen.parent.parent / chosen.parent.name[len(prefix) :] / chosen.name
+
+
 def variants_from_build(work_dir: Path) -> list[Variant]:
-    """Teacher FP32, student FP32 and the chosen INT8 student of a ``slimserve build`` work directory."""
+    """Teacher FP32, student FP32 and the chosen INT8 student of a ``slimserve build`` work directory, all
+    single-sequence graphs (``bench layouts`` puts the multi-item one beside them)."""
     work = Path(work_dir)
     chosen_file = work / "int8" / "chosen.json"
     if not chosen_file.is_file():
@@ -79,7 +89,9 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
             str(work / "redistill" / "model"),
             "pruned + re-distilled",
         ),
-        Variant("student INT8", Path(json.loads(chosen_file.read_text())["path"]), None, "INT8"),
+        Variant(
+            "student INT8", _single_sequence(Path(json.loads(chosen_file.read_text())["path"])), None, "INT8"
+        ),
     ]
     missing = [str(v.onnx) for v in found if not v.onnx.is_file()]
     if missing:

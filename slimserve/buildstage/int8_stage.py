@@ -161,13 +161,16 @@ def run_int8(
         log.warning("INT8 %s: retention %.4f below the gate %.4f", method, row.retention, recipe.gates.int8)
     row, chosen, method, margin = max(candidates, key=lambda c: c[0].test_auc)
     row.file_mb = model_bytes(chosen) / 1e6
-    graphs = {"pruned + re-distilled": ["single", str(fp32)], row.stage: ["single", str(chosen)]}
+    graphs = {
+        "pruned + re-distilled": ["single", str(fp32.resolve())],
+        row.stage: ["single", str(chosen.resolve())],
+    }
     result = [row], chosen
     if recipe.publish.scoring_mode == "multi_item":
         multi_row, multi_path = _multi_item_int8(
             recipe, data, student_lm, method, row, margin, out, teacher_test
         )
-        graphs[multi_row.stage] = ["multi_item", str(multi_path)]
+        graphs[multi_row.stage] = ["multi_item", str(multi_path.resolve())]
         result = [row, multi_row], multi_path
     (out / GRAPHS_FILE).write_text(json.dumps(graphs, indent=2) + "\n")
     return result

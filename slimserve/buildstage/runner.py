@@ -151,7 +151,7 @@ def run_build(
     def int8(out: Path) -> list[StageRow]:
         int8_rows, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
         chosen["path"] = path
-        (out / "chosen.json").write_text(json.dumps({"path": str(path)}) + "\n")
+        (out / "chosen.json").write_text(json.dumps({"path": str(path.resolve())}) + "\n")
         return int8_rows
 
     int8_rows = timed("int8", int8)
