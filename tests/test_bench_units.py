@@ -226,6 +226,7 @@ def test_report_files(tmp_path):
             {"stage": "teacher fine-tuned", "test_auc": 0.70, "items_per_s_batch32": 7.0, "file_mb": 541.0},
             {"stage": "student distilled", "test_auc": 0.67, "items_per_s_batch32": None},
             {"stage": "INT8 (static)", "test_auc": 0.69, "items_per_s_batch32": 50.0, "file_mb": 155.0},
+            {"stage": "INT8 multi-item (static)", "test_auc": 0.69, "items_per_s_batch32": 120.0},
         ]
     }
     inputs = ReportInputs(
@@ -258,6 +259,8 @@ def test_report_files(tmp_path):
     assert "**Note:** shared" in text and "![throughput_vs_p99.png]" in text and "| INT8 (static) |" in text
     results = json.loads((out / "results.json").read_text())
     assert results["stages"][2]["served_items_per_s"] == pytest.approx(90.0)
+    # The single-sequence INT8 variant is not the multi-item graph: that row has no served figure.
+    assert results["stages"][3]["served_items_per_s"] is None
     assert len(results["grpc_load"]) == 9 and len(list((out / "configs").iterdir())) == 4
     assert (out / "grpc_load.csv").read_text().splitlines()[0].startswith("variant,batching,method,mode")
 
@@ -266,14 +269,16 @@ def test_report_puts_the_layouts_side_by_side(tmp_path):
     from slimserve.bench.layouts import LayoutPoint, LayoutResult
     from slimserve.bench.report import ReportInputs, write_report
 
-    def point(layout, n, floor, served, p50):
-        return LayoutPoint(layout, n, floor, n / floor * 1e3, [_point("closed", 2, served, p50, 2 * p50)])
+    def point(layout, n, floor, served):
+        points = [_point("closed", load, ips, p50, 2 * p50) for load, ips, p50 in served]
+        return LayoutPoint(layout, n, floor, n / floor * 1e3, points)
 
     result = _result()
     result.layouts = LayoutResult(
         [
-            point("single", 50, 100.0, 80.0, 600.0),
-            point("multi_item", 50, 400.0, 360.0, 150.0),
+            # single-sequence serves most at c=4, where its p50 is mostly queueing
+            point("single", 50, 100.0, [(1, 70.0, 600.0), (4, 80.0, 2400.0)]),
+            point("multi_item", 50, 400.0, [(1, 360.0, 150.0), (4, 300.0, 700.0)]),
         ],
         {"candidates": [50]},
         {"single": "a.onnx", "multi_item": "b.onnx"},
@@ -282,7 +287,8 @@ def test_report_puts_the_layouts_side_by_side(tmp_path):
     out = tmp_path / "run"
     text = write_report(result, ReportInputs("cmd", machine, {}), out).read_text()
     assert "## Multi-item vs single-sequence scoring, same student" in text
-    assert "| 50 | 4.50x | 4.00x | 4.00x |" in text  # served items/s, p50 single / multi, floor
+    # served items/s (best concurrency of each), p50 single / multi at the same concurrency, floor
+    assert "| 50 | 4.50x | 4.00x (c=1) | 4.00x |" in text
     rows = (out / "layouts.csv").read_text().splitlines()
     assert rows[0].startswith("layout,candidates,floor_items_per_s") and len(rows) == 3
     assert json.loads((out / "results.json").read_text())["layouts"]["points"][1]["layout"] == "multi_item"

@@ -53,6 +53,10 @@ class LayoutPoint:
         ok = [p for p in self.served if p.ok]
         return max(ok, key=lambda p: p.items_per_s) if ok else None
 
+    def at(self, load: float) -> LoadPoint | None:
+        """The served point at concurrency ``load`` (None when not run or nothing succeeded)."""
+        return next((p for p in self.served if p.ok and p.load == load), None)
+
     def as_dict(self) -> dict:
         best = self.best()
         return {
@@ -254,6 +258,16 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+def _latency_ratio(single: LayoutPoint, multi: LayoutPoint) -> str:
+    """p50 of single over multi-item at the lowest concurrency both ran (their best concurrencies differ,
+    and a p50 taken at a higher one is mostly queueing), e.g. ``2.33x (c=1)``."""
+    loads = sorted({p.load for p in single.served if p.ok} & {p.load for p in multi.served if p.ok})
+    if not loads:
+        return "-"
+    s, m = single.at(loads[0]), multi.at(loads[0])
+    return f"{_ratio(s.latency.p50_ms, m.latency.p50_ms)} (c={loads[0]:g})"
+
+
 def format_layouts(result: LayoutResult) -> str:
     """Markdown: per candidate count, both layouts' floor and served figures, and the ratios."""
     lines = [
@@ -263,7 +277,7 @@ def format_layouts(result: LayoutResult) -> str:
     ]
     ratios = [
         "",
-        "| candidates | multi-item / single items/s (served) | p50 single / multi | "
+        "| candidates | multi-item / single items/s (served) | p50 single / multi (same concurrency) | "
         "multi-item / single (floor) |",
         "|---:|---:|---:|---:|",
     ]
@@ -285,7 +299,7 @@ def format_layouts(result: LayoutResult) -> str:
             sb, mb = single.best(), multi.best()
             ratios.append(
                 f"| {n} | {_ratio(mb.items_per_s if mb else None, sb.items_per_s if sb else None)} | "
-                f"{_ratio(sb.latency.p50_ms if sb else None, mb.latency.p50_ms if mb else None)} | "
+                f"{_latency_ratio(single, multi)} | "
                 f"{_ratio(multi.floor_items_per_s, single.floor_items_per_s)} |"
             )
     return "\n".join(lines + ratios) + "\n"

@@ -90,10 +90,15 @@ def _stage_rows(build_report: dict | None, result: CompareResult) -> list[dict]:
         best = run.best() if run else None
         if best:
             served[stage] = best.items_per_s
+    names = [stage["stage"] for stage in build_report["stages"]]
+    # A variant's figure goes to its own row: the row of that name, else the first row it prefixes ("INT8"
+    # -> "INT8 (weight-only)"), never also to the multi-item row after it, which this run did not serve.
+    row_of = {k: k if k in names else next((n for n in names if n.startswith(k)), None) for k in served}
+    by_row = {row: served[k] for k, row in row_of.items() if row is not None}
     rows = []
     for stage in build_report["stages"]:
         name = stage["stage"]
-        match = next((v for k, v in served.items() if name.startswith(k)), None)
+        match = by_row.get(name)
         rows.append(
             {
                 "stage": name,
