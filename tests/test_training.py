@@ -256,6 +256,26 @@ def test_trainer_resumes_exactly_after_an_interruption(tmp_path):
     torch.testing.assert_close(resumed.data, reference.data)
 
 
+def test_trainer_checkpoints_by_time_when_steps_are_slow(tmp_path):
+    # No step reaches checkpoint_every; every step is past checkpoint_seconds, so each one is saved.
+    config = TrainConfig(
+        epochs=2, batch_size=1, lr=0.1, checkpoint_every=1000, checkpoint_seconds=1e-9, warmup_ratio=0.0
+    )
+    reference = torch.nn.Parameter(torch.zeros(2))
+    _fit(reference, config)
+    resumed, checkpoint = torch.nn.Parameter(torch.zeros(2)), tmp_path / "ckpt.pt"
+    with pytest.raises(KeyboardInterrupt):
+        _fit(resumed, config, checkpoint, fail_at=5)
+    resumed.data.zero_()
+    assert _fit(resumed, config, checkpoint).resumed_from_step == 4
+    torch.testing.assert_close(resumed.data, reference.data)
+
+
+def test_the_checkpoint_interval_is_no_part_of_a_stage_s_settings():
+    dumped = TrainConfig(checkpoint_seconds=5.0).model_dump(mode="json")
+    assert "checkpoint_seconds" not in dumped and dumped == TrainConfig().model_dump(mode="json")
+
+
 def test_trainer_keeps_the_weights_of_the_best_validation_epoch():
     parameter = torch.nn.Parameter(torch.zeros(2))
     scores = iter([0.5, 0.9, 0.7])  # epoch 2 is best; epoch 3 moves the weights on

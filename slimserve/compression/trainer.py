@@ -34,6 +34,12 @@ class TrainConfig(BaseModel):
     warmup_ratio: float = Field(0.05, ge=0, lt=1, description="Share of steps with linear warmup")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm")
     checkpoint_every: int = Field(50, ge=1, description="Optimizer steps between checkpoints")
+    # Bookkeeping, not a result: excluded from dumps, so it is no part of a stage's settings (changing it
+    # re-runs nothing). Slow steps (the generator teacher's fine-tune: 58 steps of 10 s) would otherwise
+    # reach no checkpoint_every step, and an interrupted stage would start over.
+    checkpoint_seconds: float = Field(
+        180.0, gt=0, exclude=True, description="Also checkpoint once this long has passed since the last save"
+    )
     seed: int = Field(0, description="Seed of the batch order")
 
 
@@ -108,8 +114,9 @@ def train(
     """Run ``loss_fn`` over the planned micro-batches and optimize ``parameters``.
 
     ``plan(epoch)`` returns that epoch's micro-batch payloads (deterministic); ``loss_fn(payload)``
-    returns a scalar loss. With ``checkpoint``, state is saved every ``checkpoint_every`` steps and a
-    later call resumes from it; the file is removed when training completes. With
+    returns a scalar loss. With ``checkpoint``, state is saved every ``checkpoint_every`` steps or
+    ``checkpoint_seconds``, whichever comes first, and a later call resumes from it; the file is removed
+    when training completes. With
     ``validation_score`` (higher is better), it is called after every whole epoch and the weights of
     the best epoch are kept (epochs scored before a resume are not remembered).
     """
@@ -137,7 +144,7 @@ def train(
         start_step = report.resumed_from_step = state["step"]
         report.losses = state["losses"]
         log.info("%s: resuming from step %d of %d (%s)", desc, start_step, total_steps, checkpoint)
-    started = time.perf_counter()
+    started = last_save = time.perf_counter()
     step = start_step
     with progress_bar(total_steps, desc, unit="step") as bar:
         bar.update(start_step)
@@ -158,12 +165,11 @@ def train(
             bar.update(1)
             if best is not None and step + 1 in epoch_ends:
                 best.epoch_end(epoch_ends[step + 1])
-            if (
-                checkpoint is not None
-                and (step + 1) % config.checkpoint_every == 0
-                and step + 1 < total_steps
-            ):
+            due = (step + 1) % config.checkpoint_every == 0
+            due = due or time.perf_counter() - last_save >= config.checkpoint_seconds
+            if checkpoint is not None and due and step + 1 < total_steps:
                 _save(checkpoint, parameters, optimizer, step + 1, report.losses)
+                last_save = time.perf_counter()
     if best is not None:
         best.restore()
     report.steps = total_steps
