@@ -1,6 +1,6 @@
-"""The teacher stage's PyTorch precision: what ``auto`` picks, autocast only inside ``compute()`` blocks
-of a ``using`` block, FP32 weights after BF16 training, students in FP32, and stages re-run when the
-precision changes."""
+"""The training stages' PyTorch precision: what ``auto`` picks, autocast only inside ``compute()`` blocks
+of a ``using`` block, FP32 weights after BF16 training, and stages re-run when a precision changes
+(the distillations' forward at their precision: tests/test_training.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ def test_resolve_names_the_choice_and_refuses_unknown_ones():
     assert precision.resolve("auto") == ("bf16" if precision.has_bf16_matrix_units() else "fp32")
     with pytest.raises(ValueError, match="precision: 'fp16'"):
         precision.resolve("fp16")
+
+
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "expected"),
+    [(True, False, "bf16"), (False, True, "bf16"), (True, True, "bf16"), (False, False, "fp32")],
+)
+def test_auto_picks_bf16_with_amx_tiles_or_avx512_bf16(monkeypatch, amx, avx512_bf16, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    assert precision.resolve("auto") == expected
+    assert precision.resolve("fp32") == "fp32"  # an explicit choice is never overridden
 
 
 def test_compute_autocasts_only_inside_a_bf16_using_block():
@@ -93,3 +104,22 @@ def test_the_recipe_field_is_checked_and_reruns_the_teacher_and_after():
     assert load_recipe("tiny").teacher.precision == "fp32"  # the default: BF16 cost the students AUC
     auto = load_recipe("tiny", overrides={"teacher": {"precision": "auto"}})
     assert stage_config(auto, "teacher")["precision"] == precision.resolve("auto")  # resolved, not "auto"
+
+
+def test_a_distillation_s_precision_reruns_it_and_what_follows_but_fp32_keeps_old_ids():
+    """student.distill.precision re-runs distill and after, prune.redistill.precision only redistill
+    and after; at FP32 the stage settings hold no precision key, so builds made before the setting
+    existed keep their stage ids."""
+    fp32, student, redistill = (load_recipe("tiny") for _ in range(3))
+    student.student.distill.precision = "bf16"
+    redistill.prune.redistill.precision = "bf16"
+    assert "precision" not in stage_config(fp32, "distill")["student"]["distill"]
+    assert "precision" not in stage_config(fp32, "redistill")["redistill"]
+    assert stage_config(student, "teacher") == stage_config(fp32, "teacher")
+    assert stage_config(student, "distill")["student"]["distill"]["precision"] == "bf16"
+    assert stage_config(student, "redistill") != stage_config(fp32, "redistill")  # it builds on distill
+    assert stage_config(redistill, "prune") == stage_config(fp32, "prune")
+    assert stage_config(redistill, "redistill")["redistill"]["precision"] == "bf16"
+    assert stage_config(redistill, "int8") != stage_config(fp32, "int8")
+    with pytest.raises(ConfigError, match="precision"):
+        load_recipe("tiny", overrides={"student": {"distill": {"precision": "fp16"}}})

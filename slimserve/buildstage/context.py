@@ -32,11 +32,19 @@ def _scorer_data(recipe: Recipe) -> dict:
     return {"data": {**_dump(recipe.data), "prompt_template": SCORING_TEMPLATE_VERSION}}
 
 
-def _teacher_precision(recipe: Recipe) -> str:
-    """What the teacher's precision means on this machine (a teacher built at another re-runs)."""
+def _on_this_machine(setting) -> str:
+    """What a precision setting means on this machine (a stage trained at another one re-runs)."""
     from ..compression.precision import resolve
 
-    return resolve(recipe.teacher.precision)
+    return resolve(setting)
+
+
+def _distill_settings(settings) -> dict:
+    """A distillation's settings, its precision as resolved here and only where BF16 (FP32 builds made
+    before the setting existed keep their stage ids)."""
+    dump = settings.model_dump(mode="json", exclude={"precision"})
+    chosen = _on_this_machine(settings.precision)
+    return dump if chosen == "fp32" else {**dump, "precision": chosen}
 
 
 def _generator_base(recipe: Recipe) -> dict:
@@ -65,11 +73,17 @@ def _generator_finetune(recipe: Recipe) -> dict:
 # stage -> (the stage whose settings it builds on, the settings it adds)
 UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "data": (None, _scorer_data),
-    "teacher": ("data", lambda r: {"teacher": _dump(r.teacher), "precision": _teacher_precision(r)}),
-    "distill": ("teacher", lambda r: {"student": _dump(r.student)}),
+    "teacher": (
+        "data",
+        lambda r: {"teacher": _dump(r.teacher), "precision": _on_this_machine(r.teacher.precision)},
+    ),
+    "distill": (
+        "teacher",
+        lambda r: {"student": {**_dump(r.student), "distill": _distill_settings(r.student.distill)}},
+    ),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
     "prune_baselines": ("prune", lambda r: {}),
-    "redistill": ("prune", lambda r: {"redistill": _dump(r.prune.redistill)}),
+    "redistill": ("prune", lambda r: {"redistill": _distill_settings(r.prune.redistill)}),
     "int8": (
         "redistill",
         lambda r: {"quantize": _dump(r.quantize), "buckets": list(r.publish.length_buckets)},

@@ -53,9 +53,9 @@ class TeacherSettings(_Strict):
     precision: Precision = Field(
         "fp32",
         description="Matrix products of the frozen-layer cache and the top-layer fine-tune: fp32, bf16 "
-        "(autocast; FP32 weights, optimizer and loss), or auto (bf16 where the CPU has AMX tiles, else "
-        "fp32). The evaluations, the soft labels' top layers and every student stage are FP32. BF16 made "
-        "the teacher stage 1.4x faster on AMX but its students 0.005 test AUC worse (README, Precision).",
+        "(autocast; FP32 weights, optimizer and loss), or auto (bf16 where the CPU has AMX tiles or "
+        "AVX-512 BF16, else fp32). The evaluations and the soft labels' top layers are FP32 (README, "
+        "Precision).",
     )
 
 
@@ -66,6 +66,12 @@ class DistillSettings(_Strict):
     label_weight: float = Field(0.3, ge=0, le=1, description="Weight of the label loss on labelled examples")
     use_pool: bool = Field(True, description="Also train on the teacher-labelled unlabelled pool")
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=1, batch_size=16))
+    precision: Precision = Field(
+        "fp32",
+        description="Matrix products of the training passes: fp32, bf16 (autocast; FP32 weights, "
+        "optimizer, loss and label logits) or auto (bf16 where the CPU has AMX tiles or AVX-512 BF16). "
+        "The student's evaluations are FP32 (README, Precision).",
+    )
 
 
 class StudentSettings(_Strict):

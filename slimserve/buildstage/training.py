@@ -96,7 +96,8 @@ def distill(
     desc: str,
 ) -> TrainReport:
     """Train the whole student on the teacher's 2-way distribution (and labels where known), multi-item
-    over member ``groups`` (whose indices address ``teacher_logits`` and ``labels``)."""
+    over member ``groups`` (whose indices address ``teacher_logits`` and ``labels``); the forward runs at
+    ``settings.precision`` (its label logits FP32 whatever it is)."""
     config = settings.train
     teacher = torch.from_numpy(teacher_logits)
     targets = torch.from_numpy(labels)
@@ -113,7 +114,8 @@ def distill(
 
     def loss_fn(chosen: np.ndarray) -> torch.Tensor:
         batch = multi_item_batch(groups, chosen)
-        logits = scorer.label_logits(*batch.tensors())[batch.valid]
+        with precision.compute():
+            logits = scorer.label_logits(*batch.tensors())[batch.valid]
         indices = torch.from_numpy(batch.indices)
         return distill_loss(
             logits, teacher[indices], settings.temperature, targets[indices], settings.label_weight
@@ -121,7 +123,9 @@ def distill(
 
     student.train()
     try:
-        return train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
+        with precision.using(settings.precision) as chosen:
+            log.info("%s at %s (precision: %s)", desc, chosen, settings.precision)
+            return train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
     finally:
         student.eval()
         for parameter in student.parameters():

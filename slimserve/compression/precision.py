@@ -1,18 +1,17 @@
-"""The precision of the teacher stage's PyTorch passes: FP32, or BF16 autocast where the CPU multiplies
+"""The precision of the build's PyTorch training passes: FP32, or BF16 autocast where the CPU multiplies
 BF16 in hardware.
 
-The teacher stage sets it (``using``, with the recipe's ``teacher.precision``, default fp32) around its
-frozen-layer cache and its top-layer fine-tune, whose forward passes run inside ``compute()``. Autocast
-keeps the weights, the optimizer state and the loss in FP32 and runs the matrix products in BF16. The
-evaluations, the soft labels and every student stage stay FP32. Measured on a 2-core AMX VM (README,
-"Precision"): BF16 made the teacher stage 1.4x faster with its own test AUC unchanged or better, but the
-students distilled from it ended 0.005 test AUC lower; it was slower for generation and for the pruned
-student, which therefore never use it.
+A stage sets it (``using``, with its recipe setting: ``teacher.precision`` for the teacher's frozen-layer
+cache and top-layer fine-tune, ``student.distill.precision`` and ``prune.redistill.precision`` for the
+students' distillations) around passes whose forward runs inside ``compute()``. Autocast keeps the
+weights, the optimizer state and the loss in FP32 and runs the matrix products in BF16. Evaluations,
+soft labels, layer selection, pruning's calibration and every exported graph stay FP32.
 
-``auto`` picks BF16 only where it is known to be fast: Intel AMX tiles (a 4096x576 by 576x1536 product
-ran at 1,413 GFLOP/s in BF16 against 177 in FP32 on those 2 cores, in an ad-hoc PyTorch loop beside a
-build; ``slimserve bench floor`` measures both peaks for a BF16 teacher stage). Without them BF16 runs in
-AVX-512 or is emulated, which can be slower than FP32, so ``auto`` stays FP32 there.
+``auto`` picks BF16 only where the CPU has BF16 dot-product instructions: Intel AMX tiles, or AVX-512
+BF16 (``VDPBF16PS``: AMD Zen 4 and later, Intel Cooper Lake). Measured (README, "Precision"): a
+4096x576 by 576x1536 product in an ad-hoc PyTorch loop on 2 cores ran at 1,413 GFLOP/s in BF16 against
+177 in FP32 with AMX, and at 351 against 142 on an AMD EPYC with AVX-512 BF16. Without either, BF16 is
+converted in software and can be slower than FP32, so ``auto`` stays FP32 there.
 """
 
 from __future__ import annotations
@@ -29,13 +28,13 @@ _autocast_dtype: torch.dtype | None = None
 
 
 def has_bf16_matrix_units() -> bool:
-    """True where this CPU has AMX tiles (BF16 matrix products in hardware)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe and probe())
+    """True where this CPU multiplies BF16 in hardware: AMX tiles or AVX-512 BF16 instructions."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
 def resolve(precision: Precision) -> Literal["fp32", "bf16"]:
-    """What ``precision`` means on this machine (``auto``: bf16 with AMX, else fp32)."""
+    """What ``precision`` means on this machine (``auto``: bf16 with AMX or AVX-512 BF16, else fp32)."""
     if precision == "auto":
         return "bf16" if has_bf16_matrix_units() else "fp32"
     if precision not in ("fp32", "bf16"):
@@ -46,7 +45,7 @@ def resolve(precision: Precision) -> Literal["fp32", "bf16"]:
 @contextlib.contextmanager
 def using(precision: Precision) -> Iterator[Literal["fp32", "bf16"]]:
     """Within the block, ``compute()`` runs at ``precision`` (resolved, and yielded); the previous
-    precision comes back after it. The teacher stage wraps its passes in one."""
+    precision comes back after it. The training stages wrap their passes in one."""
     global _autocast_dtype
     chosen = resolve(precision)
     previous, _autocast_dtype = _autocast_dtype, (torch.bfloat16 if chosen == "bf16" else None)
