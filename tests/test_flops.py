@@ -79,17 +79,25 @@ def test_matmul_peak_is_measured():
     assert set(rates) == {"32->64", "64->32", "32->32"} and min(rates.values()) > 0
 
 
-def test_floor_takes_a_bf16_teacher_stage_at_the_bf16_peak(tmp_path):
+def _trained_at(work, stage: str, config: dict) -> None:
+    (work / stage / "config.json").write_text(json.dumps(config))
+
+
+def test_floor_takes_bf16_training_stages_at_the_bf16_peak(tmp_path):
+    """Each stage's precision is the one its config.json recorded (resolved when it ran)."""
     from slimserve.bench.floor import matmul_peak
-    from slimserve.compression.precision import resolve
 
     _mark(tmp_path, "teacher", 50.0, 4 * 10**12)
     _mark(tmp_path, "distill", 20.0, 10**12)
-    assert [w.precision for w in stage_work(tmp_path)] == ["fp32", "fp32"]  # no recipe.json: FP32
-    (tmp_path / "recipe.json").write_text(json.dumps({"teacher": {"precision": "auto"}}))
-    assert stage_work(tmp_path)[0].precision == resolve("auto")
-    (tmp_path / "recipe.json").write_text(json.dumps({"teacher": {"precision": "bf16"}}))
-    works = stage_work(tmp_path)
+    _mark(tmp_path, "redistill", 5.0, 10**11)
+    assert [w.precision for w in stage_work(tmp_path)] == ["fp32"] * 3  # no config.json: FP32
+    _trained_at(tmp_path, "teacher", {"precision": "fp32"})
+    _trained_at(tmp_path, "distill", {"precision": "fp32", "student": {"distill": {"precision": "bf16"}}})
+    _trained_at(tmp_path, "redistill", {"precision": "bf16", "redistill": {"lr": 1}})  # its own: FP32
+    assert [w.precision for w in stage_work(tmp_path)] == ["fp32", "bf16", "fp32"]
+    _trained_at(tmp_path, "distill", {"precision": "bf16", "student": {"distill": {}}})
+    _trained_at(tmp_path, "teacher", {"precision": "bf16"})
+    works = stage_work(tmp_path)[:2]
     assert [w.precision for w in works] == ["bf16", "fp32"]
     report = FloorReport(10**11, {"576->1536": 10**11}, works, {"bf16": 4 * 10**11})
     assert report.floor_seconds(works[0]) == pytest.approx(10.0)  # at the BF16 peak

@@ -42,16 +42,29 @@ class StageWork:
     stage: str
     seconds: float
     linear_flops: int
-    precision: str = "fp32"  # of its matrix products (the teacher stage's may be bf16)
+    precision: str = (
+        "fp32"  # of its training passes' matrix products (the teacher's and the distillations' may be bf16)
+    )
 
 
-def teacher_precision(work_dir: Path) -> str:
-    """The precision the build's teacher stage ran at (its recipe.json, resolved on this machine)."""
-    from ..compression.precision import resolve
+# stage -> where its config.json holds the precision it trained at (resolved when it ran; absent: FP32)
+_PRECISION_KEYS = {
+    "teacher": ("precision",),
+    "distill": ("student", "distill", "precision"),
+    "redistill": ("redistill", "precision"),
+}
 
-    recipe = work_dir / "recipe.json"
-    teacher = json.loads(recipe.read_text()).get("teacher", {}) if recipe.is_file() else {}
-    return resolve(teacher.get("precision", "fp32"))
+
+def stage_precision(work_dir: Path, stage: str) -> str:
+    """The precision a finished stage's training passes ran at, from its ``config.json``."""
+    keys = _PRECISION_KEYS.get(stage)
+    config = work_dir / stage / "config.json"
+    if keys is None or not config.is_file():
+        return "fp32"
+    value = json.loads(config.read_text())
+    for key in keys:
+        value = value.get(key, {}) if isinstance(value, dict) else {}
+    return value if value in ("fp32", "bf16") else "fp32"
 
 
 def stage_work(work_dir: Path) -> list[StageWork]:
@@ -67,8 +80,7 @@ def stage_work(work_dir: Path) -> list[StageWork]:
         if "seconds" in done and "linear_flops" in done:
             found.append(StageWork(stage, float(done["seconds"]), int(done["linear_flops"])))
     for work in found:
-        if work.stage == "teacher":
-            work.precision = teacher_precision(work_dir)
+        work.precision = stage_precision(work_dir, work.stage)
     return found
 
 
