@@ -101,7 +101,7 @@ def test_the_recipe_field_is_checked_and_reruns_the_teacher_and_after():
     for stage in ("teacher", "distill", "redistill"):
         assert stage_config(fp32, stage)["precision"] == "fp32"
         assert stage_config(fp32, stage) != stage_config(bf16, stage)
-    assert load_recipe("tiny").teacher.precision == "fp32"  # the default: BF16 cost the students AUC
+    assert load_recipe("tiny").teacher.precision == "fp32"  # the field's default (the cpu recipe: auto)
     auto = load_recipe("tiny", overrides={"teacher": {"precision": "auto"}})
     assert stage_config(auto, "teacher")["precision"] == precision.resolve("auto")  # resolved, not "auto"
 
@@ -123,3 +123,15 @@ def test_a_distillation_s_precision_reruns_it_and_what_follows_but_fp32_keeps_ol
     assert stage_config(redistill, "int8") != stage_config(fp32, "int8")
     with pytest.raises(ConfigError, match="precision"):
         load_recipe("tiny", overrides={"student": {"distill": {"precision": "fp16"}}})
+
+
+def test_trained_precision_reads_what_the_stage_settings_write():
+    """``bench floor`` reads a stage's precision from its settings: the same keys ``stage_config`` writes."""
+    from slimserve.buildstage.context import trained_precision
+
+    fp32, bf16 = load_recipe("tiny"), load_recipe("tiny")
+    bf16.teacher.precision = bf16.student.distill.precision = bf16.prune.redistill.precision = "bf16"
+    for stage in ("teacher", "distill", "redistill"):
+        assert trained_precision(stage_config(fp32, stage), stage) == "fp32"
+        assert trained_precision(stage_config(bf16, stage), stage) == "bf16"
+    assert trained_precision(stage_config(bf16, "prune"), "prune") == "fp32"  # no training pass of its own

@@ -42,29 +42,15 @@ class StageWork:
     stage: str
     seconds: float
     linear_flops: int
-    precision: str = (
-        "fp32"  # of its training passes' matrix products (the teacher's and the distillations' may be bf16)
-    )
-
-
-# stage -> where its config.json holds the precision it trained at (resolved when it ran; absent: FP32)
-_PRECISION_KEYS = {
-    "teacher": ("precision",),
-    "distill": ("student", "distill", "precision"),
-    "redistill": ("redistill", "precision"),
-}
+    precision: str = "fp32"  # of its training passes (the teacher's and the distillations' may be bf16)
 
 
 def stage_precision(work_dir: Path, stage: str) -> str:
     """The precision a finished stage's training passes ran at, from its ``config.json``."""
-    keys = _PRECISION_KEYS.get(stage)
+    from ..buildstage.context import trained_precision
+
     config = work_dir / stage / "config.json"
-    if keys is None or not config.is_file():
-        return "fp32"
-    value = json.loads(config.read_text())
-    for key in keys:
-        value = value.get(key, {}) if isinstance(value, dict) else {}
-    return value if value in ("fp32", "bf16") else "fp32"
+    return trained_precision(json.loads(config.read_text()), stage) if config.is_file() else "fp32"
 
 
 def stage_work(work_dir: Path) -> list[StageWork]:

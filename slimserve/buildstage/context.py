@@ -105,6 +105,23 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
 }
 
 
+# stage -> where its settings (``stage_config``) hold the precision it trained at, resolved on the
+# machine that ran it; absent: FP32
+TRAINED_PRECISION_KEYS: dict[str, tuple[str, ...]] = {
+    "teacher": ("precision",),
+    "distill": ("student", "distill", "precision"),
+    "redistill": ("redistill", "precision"),
+}
+
+
+def trained_precision(config: dict, stage: str) -> str:
+    """The precision (fp32 or bf16) that ``stage``'s settings ``config`` say its training passes ran at."""
+    value = config
+    for key in TRAINED_PRECISION_KEYS.get(stage, ()):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if value in ("fp32", "bf16") else "fp32"
+
+
 # stage -> the stages whose outputs it reads (besides the data): when one of them runs again, it does too
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "teacher": ("data",),
