@@ -174,3 +174,58 @@ def test_match_line_is_computed_from_the_fields():
     assert (
         match == "Match: 2 of 4 skills; 1 level below the member; remote, member not open to it; new industry"
     )
+
+
+def _padded(generator, shape, pad_rows):
+    """Random token ids of ``shape`` and a right-padded mask: row ``r`` of ``pad_rows`` loses ``n`` tokens."""
+    ids = torch.randint(3, 200, shape, generator=generator)
+    mask = torch.ones(shape, dtype=torch.long)
+    for row, count in pad_rows.items():
+        mask[row][..., -count:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("mode", ["single", "multi_item"])
+def test_both_exporters_write_the_same_scoring_graph(tmp_path, tiny, mode):
+    """TorchScript traces one sample; its graph must still be shape-generic and padding-aware: on other
+    shapes it gives the dynamo graph's and PyTorch's scores."""
+    import onnxruntime as ort
+
+    from slimserve.export.onnx_export import export_multi_item_onnx, export_scorer_onnx
+    from slimserve.models.multi_item import MultiItemScorer
+
+    graph = ScorerGraph(tiny.model, 5, 6).eval()
+    generator = torch.Generator().manual_seed(0)
+    if mode == "single":
+        module, export = graph, export_scorer_onnx
+        sample = _padded(generator, (2, 12), {0: 3})
+        probe = _padded(generator, (3, 29), {0: 7, 2: 1})
+    else:
+        module, export = MultiItemScorer(graph).eval(), export_multi_item_onnx
+        sample = (*_padded(generator, (2, 6), {0: 2}), *_padded(generator, (2, 2, 4), {0: 1}))
+        probe = (*_padded(generator, (3, 11), {1: 4}), *_padded(generator, (3, 5, 7), {0: 2, 2: 3}))
+    with torch.no_grad():
+        expected = module(*probe).numpy()
+    scores = {}
+    for exporter in ("torchscript", "dynamo"):
+        path = tmp_path / f"{exporter}.onnx"
+        files = export(module, path, *((sample,) if mode == "multi_item" else sample), exporter=exporter)
+        assert files == [path]
+        session = ort.InferenceSession(str(path))
+        names = [i.name for i in session.get_inputs()]
+        scores[exporter] = session.run(None, dict(zip(names, (t.numpy() for t in probe), strict=True)))[0]
+        np.testing.assert_allclose(scores[exporter], expected, atol=1e-5)
+    np.testing.assert_allclose(scores["torchscript"], scores["dynamo"], atol=1e-5)
+
+
+def test_an_unknown_exporter_is_refused_by_name(tmp_path, tiny):
+    from pydantic import ValidationError
+
+    from slimserve.export.onnx_export import export_scorer_onnx
+
+    with pytest.raises(ExportError, match=r"torchscript, dynamo.*'jit'"):
+        export_scorer_onnx(
+            ScorerGraph(tiny.model, 5, 6), tmp_path / "m.onnx", *_padded(None, (2, 4), {}), exporter="jit"
+        )
+    with pytest.raises(ValidationError, match="onnx_exporter"):
+        ScorerExportConfig(onnx_exporter="jit")

@@ -64,7 +64,12 @@ def _weight_matmuls(path: Path) -> tuple[int, int]:
     """(MatMuls on INT8 weights, via DequantizeLinear or MatMulInteger; decoder MatMuls on float weights)."""
     graph = onnx.load(str(path)).graph
     int8 = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.INT8}
-    floats = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2}
+    # Decoder weights: 2-D float initializers but the label head's (2 outputs; it stays float).
+    floats = {
+        i.name
+        for i in graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) == 2 and 2 not in i.dims
+    }
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in int8}
     quantized = sum(
         1
@@ -72,8 +77,6 @@ def _weight_matmuls(path: Path) -> tuple[int, int]:
         if (n.op_type == "MatMul" and n.input[1] in dequantized)
         or (n.op_type == "MatMulInteger" and n.input[1] in int8)
     )
-    # The label head stays float (the dynamic quantizer turns its Gemm into a MatMul).
-    floats = {name for name in floats if not name.startswith("label_head.")}
     still_float = sum(1 for n in graph.node if n.op_type == "MatMul" and n.input[1] in floats)
     return quantized, still_float
 
@@ -108,8 +111,10 @@ def test_static_graph_keeps_attention_and_label_head_in_float(int8_graphs):
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
     attention = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] not in dequantized]
     assert attention and not any(i in dequantized for n in attention for i in n.input)
-    (head,) = [n for n in graph.node if "label_head.weight" in n.input]
-    assert head.op_type == "Gemm"
+    # The label head (2 outputs) still multiplies a float weight; no other linear layer has 2 outputs.
+    floats = {i.name: tuple(i.dims) for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    (head,) = [n for n in graph.node if n.op_type in ("MatMul", "Gemm") and 2 in floats.get(n.input[1], ())]
+    assert head.input[0] not in dequantized
 
 
 @pytest.mark.parametrize("method", ["static", "dynamic", "weight-only"])

@@ -86,7 +86,11 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "redistill": ("prune", lambda r: {"redistill": _distill_settings(r.prune.redistill)}),
     "int8": (
         "redistill",
-        lambda r: {"quantize": _dump(r.quantize), "buckets": list(r.publish.length_buckets)},
+        lambda r: {
+            "quantize": _dump(r.quantize),
+            "buckets": list(r.publish.length_buckets),
+            "onnx_exporter": r.publish.onnx_exporter,
+        },
     ),
     "speed": ("int8", lambda r: {"speed_seconds": r.speed_seconds}),
     "tensorrt": (
@@ -95,6 +99,7 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
             "tensorrt": r.tensorrt.model_dump(mode="json", exclude={"instance_count", "warmup_max_batch"}),
             "buckets": list(r.publish.length_buckets),
             "max_batch_size": r.publish.max_batch_size,
+            "onnx_exporter": r.publish.onnx_exporter,
         },
     ),
     "gen_finetune": (None, _generator_finetune),

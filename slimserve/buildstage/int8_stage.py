@@ -25,7 +25,13 @@ def export_graph(model_lm, data: BuildData, recipe: Recipe, path: Path) -> Path:
 
     graph = ScorerGraph(model_lm, *label_ids(data)).eval()
     path.parent.mkdir(parents=True, exist_ok=True)
-    files, _ = export_checked_onnx(graph, path, data.sequences["test"][:32], recipe.publish.length_buckets)
+    files, _ = export_checked_onnx(
+        graph,
+        path,
+        data.sequences["test"][:32],
+        recipe.publish.length_buckets,
+        exporter=recipe.publish.onnx_exporter,
+    )
     return files[0]
 
 
@@ -42,7 +48,9 @@ def export_multi_item_graph(model_lm, data: BuildData, recipe: Recipe, path: Pat
         members.append(group)
         examples += len(group)
     path.parent.mkdir(parents=True, exist_ok=True)
-    files, _ = export_checked_multi_item_onnx(graph, path, members, recipe.publish)
+    files, _ = export_checked_multi_item_onnx(
+        graph, path, members, recipe.publish, exporter=recipe.publish.onnx_exporter
+    )
     return files[0]
 
 

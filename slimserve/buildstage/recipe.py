@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from ..compression.precision import Precision
 from ..compression.trainer import TrainConfig
+from ..export.exporters import DEFAULT_EXPORTER, EXPORTER_HELP, OnnxExporter
 from ..export.scoring_layout import ScoringLayout
 from ..export.tensorrt.settings import TensorRTSettings, check_profiles_fit
 from ..settings import ConfigError, Settings, load_config
@@ -140,6 +141,7 @@ class PublishSettings(ScoringLayout, _Strict):
     default_timeout_us: int = Field(
         0, ge=0, description="Triton queue timeout (0 = none: gRPC deadlines cancel)"
     )
+    onnx_exporter: OnnxExporter = Field(DEFAULT_EXPORTER, description=EXPORTER_HELP)
 
 
 class Recipe(Settings):

@@ -25,11 +25,13 @@ import numpy as np
 
 from ..errors import BuildError
 from ..models.batching import padded_batches
+from ..onnx_files import onnx_model_files
 
 log = logging.getLogger(__name__)
 
 INPUT_NAMES = ("input_ids", "attention_mask")
 LABEL_HEAD = "label_head."  # in the initializer names of ScorerGraph.label_head (any module path above)
+LABEL_COUNT = 2  # the label head's outputs: logit(yes), logit(no)
 DEFAULT_OP_TYPES = ("MatMul",)
 # Above this (graph plus weights), tensors are written to ``<name>.data`` (protobuf's 2 GiB limit, with margin).
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -77,16 +79,9 @@ def uniform_rows(batches: Sequence[Batch]) -> list[Batch]:
     return rows
 
 
-def model_files(onnx_path: Path) -> list[Path]:
-    """The graph file and its external data file, when there is one."""
-    onnx_path = Path(onnx_path)
-    data = onnx_path.with_name(onnx_path.name + ".data")
-    return [onnx_path, data] if data.exists() else [onnx_path]
-
-
 def model_bytes(onnx_path: Path) -> int:
     """Bytes on disk of a graph and its external data."""
-    return sum(f.stat().st_size for f in model_files(onnx_path))
+    return sum(f.stat().st_size for f in onnx_model_files(onnx_path))
 
 
 def _needs_external_data(onnx_path: Path) -> bool:
@@ -165,7 +160,7 @@ def nodes_to_keep_float(
     widest = max((dims[0] for dims in weight_dims.values()), default=None)
     keep = []
     for node in graph.node:
-        if any(name.startswith(LABEL_HEAD) or f".{LABEL_HEAD}" in name for name in node.input):
+        if _is_label_head(node, weights):
             # The dynamic quantizer rewrites Gemm as MatMul named "<gemm>_MatMul" before quantizing.
             keep += [node.name, f"{node.name}_MatMul"]
         elif node.op_type not in op_types:
@@ -176,6 +171,21 @@ def nodes_to_keep_float(
         elif float_down_proj and weight_dims[node.name][0] == widest:
             keep.append(node.name)
     return keep
+
+
+def _is_label_head(node, weights: Mapping[str, tuple[int, ...]]) -> bool:
+    """The label head: named after ``ScorerGraph.label_head`` (the dynamo exporter keeps module names) or
+    the one linear layer with 2 outputs (the TorchScript exporter folds its transposed weight into an
+    unnamed constant)."""
+    if any(name.startswith(LABEL_HEAD) or f".{LABEL_HEAD}" in name for name in node.input):
+        return True
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return False
+    dims = weights.get(node.input[1], ())
+    if len(dims) != 2:
+        return False
+    transposed = node.op_type == "Gemm" and any(a.name == "transB" and a.i == 1 for a in node.attribute)
+    return dims[0 if transposed else 1] == LABEL_COUNT
 
 
 def _preprocess(onnx_in: Path, onnx_out: Path, external: bool) -> None:
@@ -196,14 +206,14 @@ def _run_quantizer(onnx_in: Path, onnx_out: Path, method: str, quantize) -> Quan
     """Pre-process ``onnx_in``, call ``quantize(pre_processed, external)``, map failures to QuantizeError."""
     onnx_in, onnx_out = Path(onnx_in), Path(onnx_out)
     _check_input(onnx_in, onnx_out)
-    external = _needs_external_data(onnx_in)
     onnx_out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in model_files(onnx_out)[1:]:  # external data of an earlier run would count in the size
-        stale.unlink()
+    # The quantizers write external data to one "<name>.data"; an earlier run's would count in the size.
+    onnx_out.with_name(onnx_out.name + ".data").unlink(missing_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="slimserve-quant-") as tmp:
         pre_processed = Path(tmp) / "preprocessed.onnx"
         try:
+            external = _needs_external_data(onnx_in)  # reads the graph: a corrupt one fails here
             _preprocess(onnx_in, pre_processed, external)
             quantize(pre_processed, external)
         except QuantizeError:

@@ -1,10 +1,18 @@
-"""torch2onnx for the scoring graph: fixed tensor names, dynamic batch and sequence axes."""
+"""torch2onnx for the scoring graph: fixed tensor names, dynamic batch and sequence axes.
+
+Two exporters give the same graph to within the parity gate: ``torchscript`` (the default; it traces
+the module once) and ``dynamo`` (``torch.export``). On a 2-core AMD EPYC (AVX2) the multi-item graph of
+SmolLM2-135M took 17.5 s with the first and 180 s with the second, almost all of it ``torch.export``'s
+symbolic-shape tracing, for the same ONNX Runtime speed and parity within 4e-5 (docs/multi-item.md,
+"The exporter"). The TorchScript exporter is deprecated upstream but kept in the pinned torch 2.13.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,6 +20,8 @@ import torch
 from ..bundle import TensorNames
 from ..errors import BuildError
 from ..models.scorer_graph import ScorerGraph
+from ..onnx_files import onnx_model_files
+from .exporters import DEFAULT_EXPORTER, EXPORTERS, OnnxExporter
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,15 @@ SKIPPED_REWRITE_RULES = ("SlicesSplit",)
 
 class ExportError(BuildError):
     """The ONNX export or its parity check failed."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A dynamic axis: its name (shared by inputs that must agree) and its bounds (``dynamo`` checks them)."""
+
+    name: str
+    min: int
+    max: int
 
 
 def _parameter_bytes(module: torch.nn.Module) -> int:
@@ -75,18 +94,18 @@ def export_scorer_onnx(
     sample_attention_mask: torch.Tensor,
     tensors: TensorNames = DEFAULT_TENSORS,
     opset: int = DEFAULT_OPSET,
+    exporter: OnnxExporter = DEFAULT_EXPORTER,
 ) -> list[Path]:
     """Export ``graph`` to ``path``; returns the files written (the graph, plus external data if any)."""
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    sequence = torch.export.Dim("sequence", min=2, max=8192)
+    batch, sequence = Axis("batch", 1, 4096), Axis("sequence", 2, 8192)
     return _export(
         graph,
         path,
         (sample_input_ids, sample_attention_mask),
-        input_names=[tensors.input_ids, tensors.attention_mask],
-        output_name=tensors.score,
-        dynamic_shapes=({0: batch, 1: sequence}, {0: batch, 1: sequence}),
+        inputs={tensors.input_ids: (batch, sequence), tensors.attention_mask: (batch, sequence)},
+        output=(tensors.score, (batch,)),
         opset=opset,
+        exporter=exporter,
     )
 
 
@@ -96,52 +115,73 @@ def export_multi_item_onnx(
     sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     tensors: TensorNames = DEFAULT_TENSORS,
     opset: int = DEFAULT_OPSET,
+    exporter: OnnxExporter = DEFAULT_EXPORTER,
 ) -> list[Path]:
     """Export a ``MultiItemScorer``: (prefix_ids, prefix_mask [B, P], item_ids, item_mask [B, N, L])
     -> score [B, N], every axis dynamic. The sample must have B, P, N and L each >= 2."""
-    members = torch.export.Dim("members", min=1, max=1024)
-    prefix = torch.export.Dim("prefix", min=2, max=8192)
-    items = torch.export.Dim("items", min=1, max=8192)
-    item_length = torch.export.Dim("item_length", min=2, max=8192)
-    prefix_axes = {0: members, 1: prefix}
-    item_axes = {0: members, 1: items, 2: item_length}
+    members, prefix = Axis("members", 1, 1024), Axis("prefix", 2, 8192)
+    items, item_length = Axis("items", 1, 8192), Axis("item_length", 2, 8192)
     return _export(
         scorer,
         path,
         sample,
-        input_names=[tensors.prefix_ids, tensors.prefix_mask, tensors.item_ids, tensors.item_mask],
-        output_name=tensors.score,
-        dynamic_shapes=(prefix_axes, prefix_axes, item_axes, item_axes),
+        inputs={
+            tensors.prefix_ids: (members, prefix),
+            tensors.prefix_mask: (members, prefix),
+            tensors.item_ids: (members, items, item_length),
+            tensors.item_mask: (members, items, item_length),
+        },
+        output=(tensors.score, (members, items)),
         opset=opset,
+        exporter=exporter,
     )
 
 
-def _export(module, path, sample, *, input_names, output_name, dynamic_shapes, opset) -> list[Path]:
+def _dynamo_shapes(inputs: dict[str, tuple[Axis, ...]]) -> tuple[dict, ...]:
+    """``torch.export`` dynamic shapes: one ``Dim`` per axis name, shared where inputs share it."""
+    dims: dict[str, object] = {}
+    for axes in inputs.values():
+        for axis in axes:
+            dims.setdefault(axis.name, torch.export.Dim(axis.name, min=axis.min, max=axis.max))
+    return tuple({i: dims[axis.name] for i, axis in enumerate(axes)} for axes in inputs.values())
+
+
+def _export(module, path, sample, *, inputs, output, opset, exporter) -> list[Path]:
+    """``inputs``: name -> its axes, in the module's argument order; ``output``: (name, leading axes)."""
+    if exporter not in EXPORTERS:
+        raise ExportError(f"onnx exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     path = Path(path)
-    external = _parameter_bytes(module) > EXTERNAL_DATA_BYTES
-    log.info(
-        "exporting ONNX (torch.onnx dynamo, opset %d): about a minute for a 135M model on 2 cores", opset
-    )
-    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter_logs(), without_skipped_rewrite_rules():
+    output_name, output_axes = output
+    if exporter == "dynamo":
+        options = {
+            "dynamo": True,
+            "dynamic_shapes": _dynamo_shapes(inputs),
+            "external_data": _parameter_bytes(module) > EXTERNAL_DATA_BYTES,
+        }
+        rules = without_skipped_rewrite_rules()
+    else:  # TorchScript writes external data (a file per tensor) by itself past protobuf's limit
+        axes = {**inputs, output_name: output_axes}
+        options = {
+            "dynamo": False,
+            "dynamic_axes": {name: {i: a.name for i, a in enumerate(dims)} for name, dims in axes.items()},
+        }
+        rules = contextlib.nullcontext()
+    log.info("exporting ONNX (torch.onnx %s exporter, opset %d)", exporter, opset)
+    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter_logs(), rules:
         warnings.simplefilter("ignore")
         try:
             torch.onnx.export(
                 module.eval(),
                 tuple(sample),
                 str(path),
-                input_names=list(input_names),
+                input_names=list(inputs),
                 output_names=[output_name],
-                dynamic_shapes=dynamic_shapes,
-                dynamo=True,
                 opset_version=opset,
-                external_data=external,
                 verbose=False,
+                **options,
             )
         except Exception as exc:  # the exporter raises many types; one error for the caller
-            raise ExportError(f"torch.onnx.export failed: {exc}") from exc
-    files = [path]
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        files.append(data)
+            raise ExportError(f"torch.onnx.export ({exporter}) failed: {exc}") from exc
+    files = onnx_model_files(path)
     log.info("exported %s (%s)", path, ", ".join(f.name for f in files))
     return files

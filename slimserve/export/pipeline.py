@@ -26,6 +26,7 @@ from ..schema import Item
 from ..scoring_tokens import ScoringTokens, encode_scoring
 from ..settings import Settings
 from ..tokenization import PromptTokenizer, bucket_for, pad_batch
+from .exporters import DEFAULT_EXPORTER, EXPORTER_HELP, OnnxExporter
 from .model_card import scorer_model_card
 from .parity import ParityReport, check_multi_item_parity, check_scorer_parity
 from .scoring_layout import ScoringLayout
@@ -70,6 +71,7 @@ class ScorerExportConfig(ScoringLayout, Settings):
         0, ge=0, description="ONNX Runtime threads per instance (0 = cores / instances)"
     )
     opset: int = Field(18, ge=17, description="ONNX opset")
+    onnx_exporter: OnnxExporter = Field(DEFAULT_EXPORTER, description=EXPORTER_HELP)
     parity_atol: float = Field(1e-3, gt=0, description="Allowed absolute score difference ONNX vs PyTorch")
     parity_rtol: float = Field(1e-4, ge=0, description="Allowed difference relative to the largest score")
     multi_item_parity_atol: float = Field(
@@ -147,6 +149,7 @@ def export_checked_onnx(
     atol: float = 1e-3,
     rtol: float = 1e-4,
     seconds: dict[str, float] | None = None,
+    exporter: OnnxExporter = DEFAULT_EXPORTER,
 ) -> tuple[list[Path], ParityReport]:
     """Export a scoring graph to ONNX and check it against PyTorch on ``sequences`` (padded to their
     buckets); raise ``ExportError`` when parity breaks. Returns the files written and the report."""
@@ -159,7 +162,12 @@ def export_checked_onnx(
     sample_ids, sample_mask = pad_batch(sample, bucket_for(max(map(len, sample)), buckets))
     started = time.perf_counter()
     files = export_scorer_onnx(
-        graph, path, torch.from_numpy(sample_ids), torch.from_numpy(sample_mask), opset=opset
+        graph,
+        path,
+        torch.from_numpy(sample_ids),
+        torch.from_numpy(sample_mask),
+        opset=opset,
+        exporter=exporter,
     )
     seconds["onnx_export"] = time.perf_counter() - started
     started = time.perf_counter()
@@ -190,6 +198,7 @@ def export_checked_multi_item_onnx(
     atol: float = 1e-4,
     rtol: float = 0.0,
     seconds: dict[str, float] | None = None,
+    exporter: OnnxExporter = DEFAULT_EXPORTER,
 ) -> tuple[list[Path], ParityReport]:
     """Export ``graph`` (a ``ScorerGraph``) as the multi-item scoring graph and check it against the
     single-sequence PyTorch graph on ``tokens`` (members with ``prefix`` and ``items``), sent as the
@@ -208,7 +217,8 @@ def export_checked_multi_item_onnx(
     sample = [t for t in tokens if len(t.items) >= 2][:2] or tokens[:1]
     arrays = pad_multi_item([t.prefix for t in sample], [t.items[:2] for t in sample])
     started = time.perf_counter()
-    files = export_multi_item_onnx(scorer, path, tuple(torch.from_numpy(a) for a in arrays), opset=opset)
+    sample_tensors = tuple(torch.from_numpy(a) for a in arrays)
+    files = export_multi_item_onnx(scorer, path, sample_tensors, opset=opset, exporter=exporter)
     seconds["onnx_export"] = time.perf_counter() - started
     started = time.perf_counter()
     parity = check_multi_item_parity(
@@ -259,6 +269,7 @@ def export_scorer(
                 [tokens],
                 bundle,
                 opset=config.opset,
+                exporter=config.onnx_exporter,
                 atol=config.multi_item_parity_atol,
                 seconds=seconds,
             )
@@ -269,6 +280,7 @@ def export_scorer(
                 tokens.sequences(),
                 buckets,
                 opset=config.opset,
+                exporter=config.onnx_exporter,
                 atol=config.parity_atol,
                 rtol=config.parity_rtol,
                 seconds=seconds,

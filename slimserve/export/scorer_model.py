@@ -19,6 +19,7 @@ from slimserve.export.triton_config import (
     WarmupSpec,
     batcher_prefetches,
 )
+from slimserve.onnx_files import external_data_locations
 
 log = logging.getLogger(__name__)
 
@@ -190,34 +191,3 @@ def scorer_model_files(onnx_path: Path) -> dict[str, Path]:
             raise ValueError(f"{onnx_path}: external data location {location!r} escapes the model directory")
         files[location] = onnx_path.parent / location
     return files
-
-
-def external_data_locations(onnx_path: Path) -> list[str]:
-    """Relative paths of the external data files an ONNX graph refers to (sorted, unique)."""
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    locations: set[str] = set()
-
-    def visit_tensor(tensor) -> None:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
-
-    def visit_graph(graph) -> None:
-        for tensor in graph.initializer:
-            visit_tensor(tensor)
-        for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.HasField("t"):
-                    visit_tensor(attribute.t)
-                for tensor in attribute.tensors:
-                    visit_tensor(tensor)
-                if attribute.HasField("g"):
-                    visit_graph(attribute.g)
-                for subgraph in attribute.graphs:
-                    visit_graph(subgraph)
-
-    visit_graph(model.graph)
-    return sorted(locations)

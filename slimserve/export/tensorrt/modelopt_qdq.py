@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...errors import BuildError
 from ...models.batching import padded_batches
+from ...onnx_files import external_data_locations
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def quantize_qdq(
     quantize = modelopt_quantize_fn()
     fp32_onnx, output = Path(fp32_onnx), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    external = fp32_onnx.with_name(fp32_onnx.name + ".data").exists()
+    external = bool(external_data_locations(fp32_onnx))
     reader = bucket_calibration_reader(sequences, buckets, batch_size)
     log.info(
         "Model Optimizer %s Q/DQ: %d calibration batches (%s), unquantized layers in %s",
