@@ -165,3 +165,17 @@ def test_stage_line_names_the_model_the_stage_carries_on():
     assert _quality([osscar, *baselines]) == ": pruned (osscar), test AUC 0.790, retention 0.980"
     assert _quality(baselines).startswith(": pruned (b)")  # only baselines: the last one
     assert _quality([]) == ""
+
+
+def test_the_onnx_exporter_is_part_of_the_exporting_stages_ids_only(tmp_path):
+    from slimserve.buildstage.context import stage_config
+
+    recipe = tiny_recipe(tmp_path)
+    dynamo = recipe.model_copy(
+        update={"publish": recipe.publish.model_copy(update={"onnx_exporter": "dynamo"})}
+    )
+    assert stage_config(recipe, "int8")["onnx_exporter"] == "torchscript"
+    for stage in ("redistill", "prune_baselines"):
+        assert stage_config(recipe, stage) == stage_config(dynamo, stage)
+    for stage in ("int8", "speed", "tensorrt"):
+        assert stage_config(recipe, stage) != stage_config(dynamo, stage)
