@@ -102,6 +102,13 @@ def test_weight_only_graph_keeps_the_serving_contract_with_int8_blocks(scorer, i
     nodes = onnx.load(str(result.path)).graph.node
     blocks = [n for n in nodes if n.op_type == "MatMulNBits"]
     assert blocks and all(next(a.i for a in n.attribute if a.name == "bits") == 8 for n in blocks)
+    floats = {
+        i.name: tuple(i.dims)
+        for i in onnx.load(str(result.path)).graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT
+    }
+    float_heads = [n for n in nodes if n.op_type in ("MatMul", "Gemm") and 2 in floats.get(n.input[1], ())]
+    assert len(float_heads) == 1  # the label head (2 outputs) stays float
     with pytest.raises(BuildError, match="block_size"):
         quantize_scorer_weight_only(graph, result.path.with_name("x.onnx"), block_size=24)
 

@@ -21,6 +21,7 @@ from ..bundle import TensorNames
 from ..errors import BuildError
 from ..models.scorer_graph import ScorerGraph
 from ..onnx_files import onnx_model_files
+from ..quiet_logs import quiet_loggers
 from .exporters import DEFAULT_EXPORTER, EXPORTERS, OnnxExporter
 
 log = logging.getLogger(__name__)
@@ -53,18 +54,9 @@ def _parameter_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-@contextlib.contextmanager
 def _quiet_exporter_logs():
     """The exporter logs hundreds of INFO lines (graph passes) and torchvision notices: keep errors only."""
-    loggers = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+    return quiet_loggers(("onnx_ir", "onnxscript", "torch.onnx"), logging.ERROR)
 
 
 @contextlib.contextmanager
