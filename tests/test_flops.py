@@ -38,6 +38,16 @@ def test_training_counts_the_backward_products():
     assert work.flops == 3 * FORWARD
 
 
+def test_an_exporter_trace_is_not_counted():
+    """TorchScript tracing (what the ONNX export runs) makes sizes traced tensors: not work, not counted."""
+    layer = torch.nn.Linear(IN, OUT)
+    with LinearFlops() as work, torch.no_grad():
+        traced = torch.jit.trace(layer, torch.randn(TOKENS, IN), check_trace=False)
+        traced(torch.randn(TOKENS, IN))  # a traced module runs no nn.Linear call
+        layer(torch.randn(TOKENS, IN))
+    assert work.flops == FORWARD and type(work.flops) is int
+
+
 def test_other_threads_and_closed_meters_are_not_counted():
     layer = torch.nn.Linear(IN, OUT)
     with LinearFlops() as work, torch.no_grad():

@@ -5,7 +5,7 @@ projections, the MLP). ``LinearFlops`` adds them up for every ``nn.Linear`` call
 that opened it: ``2 * tokens * in * out`` for the forward, and, when autograd records the call, the
 backward's products too (one more for the input's gradient, one more for the weight's). Attention's
 own products, ONNX Runtime's work (the INT8 stage's evaluations) and calls traced by an exporter
-(fake tensors) are not counted. With a stage's seconds this gives the rate it ran at, and against
+(dynamo's fake tensors, TorchScript's tracing, where sizes are traced tensors) are not counted. With a stage's seconds this gives the rate it ran at, and against
 this machine's matrix-multiply peak (``slimserve bench floor``) the shortest time its work could take.
 """
 
@@ -18,8 +18,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 
-def _is_fake(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, FakeTensor) or tensor.device.type == "meta"
+def _is_traced(tensor: torch.Tensor) -> bool:
+    """A call an exporter records, not work: dynamo's fake or meta tensors, or a TorchScript trace."""
+    return isinstance(tensor, FakeTensor) or tensor.device.type == "meta" or torch.jit.is_tracing()
 
 
 def format_flops(flops: float) -> str:
@@ -48,7 +49,7 @@ class LinearFlops:
         if not isinstance(module, nn.Linear) or threading.get_ident() != self._thread or not args:
             return
         x = args[0]
-        if not isinstance(x, torch.Tensor) or _is_fake(x) or x.dim() == 0:
+        if not isinstance(x, torch.Tensor) or _is_traced(x) or x.dim() == 0:
             return
         products = 1
         if torch.is_grad_enabled():
