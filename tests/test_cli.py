@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -63,7 +64,6 @@ async def test_up_then_score_then_ctrl_c(tmp_path, tiny_repository):
     """`up --teacher-only` on a published scorer (the build path: tests/test_up.py), `score`, Ctrl-C."""
     repository = tmp_path / "model_repository"
     shutil.copytree(tiny_repository / "scorer", repository / "scorer")
-    port = free_port()
     log_path = tmp_path / "up.log"
     log_file = log_path.open("w")
     up = subprocess.Popen(
@@ -75,7 +75,7 @@ async def test_up_then_score_then_ctrl_c(tmp_path, tiny_repository):
             "--model-repository",
             str(repository),
             "--port",
-            str(port),
+            "0",  # a port picked here could be Triton's pick inside `up` as well
             "--metrics-port",
             "0",
         ],
@@ -84,7 +84,8 @@ async def test_up_then_score_then_ctrl_c(tmp_path, tiny_repository):
         text=True,
     )
     try:
-        await wait_healthy(port, up, timeout_s=300, log=log_path)
+        port = _wait_for_printed_port(log_path, up, "ScoringService", timeout_s=300)
+        await wait_healthy(port, up, timeout_s=60, log=log_path)
         children = psutil.Process(up.pid).children(recursive=True)
         assert any("tritonserver" in c.name() for c in children)
 
@@ -156,6 +157,25 @@ async def test_sigterm_drains_in_flight_requests(tiny_repository, tiny_triton):
     assert any(done > signalled_at for _, done in results), "no request was in flight at SIGTERM"
     assert serve.returncode == 0, output
     assert "draining" in output
+
+
+def printed_port(output: str, service: str) -> int:
+    """The port ``slimserve up`` printed for ``service`` ("ScoringService on 127.0.0.1:PORT ...")."""
+    match = re.search(rf"{service} on [\d.]+:(\d+)", output)
+    assert match, f"no address printed for {service}:\n{output}"
+    return int(match.group(1))
+
+
+def _wait_for_printed_port(log_path, process: subprocess.Popen, service: str, timeout_s: float) -> int:
+    """Wait until the process's log names the port ``service`` listens on; fail if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        output = log_path.read_text()
+        if f"{service} on " in output:
+            return printed_port(output, service)
+        assert process.poll() is None, output
+        time.sleep(0.2)
+    raise AssertionError(f"{service} printed no address within {timeout_s} s:\n{log_path.read_text()}")
 
 
 def _read_until(process: subprocess.Popen, marker: str, timeout_s: float) -> str:

@@ -9,8 +9,7 @@ import subprocess
 
 import psutil
 
-from slimserve.serving.triton.launcher import free_port
-from tests.test_cli import CLI, _read_until, run_cli
+from tests.test_cli import CLI, _read_until, printed_port, run_cli
 
 METADATA = re.compile(
     r"model generator v1 \(bundle [0-9a-f]{12}\), request (\S+): (\d+) tokens after a (\d+)-token prompt, "
@@ -22,7 +21,6 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
     repository = tmp_path / "model_repository"
     shutil.copytree(tiny_repository / "scorer", repository / "scorer")
     shutil.copytree(generator_repository / "generator", repository / "generator")
-    reasoning_port = free_port()
     up = subprocess.Popen(
         [
             *CLI,
@@ -35,7 +33,7 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
             "--metrics-port",
             "0",
             "--reasoning-port",
-            str(reasoning_port),
+            "0",  # a port picked here could be Triton's pick inside `up` as well
             "--reasoning-metrics-port",
             "0",
         ],
@@ -47,7 +45,7 @@ def test_up_serves_both_then_explain_and_generate(tmp_path, tiny_repository, gen
     try:
         printed = _read_until(up, "Serving; Ctrl-C to stop.", timeout_s=180)
         children = psutil.Process(up.pid).children(recursive=True)
-        target = f"127.0.0.1:{reasoning_port}"
+        target = f"127.0.0.1:{printed_port(printed, 'ReasoningService')}"
 
         explain = run_cli(
             "explain", "--target", target, "--max-tokens", "16", "--request-id", "cli-explain-1"
