@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from slimserve.export.repository import publish_version
 from slimserve.export.scorer_model import external_data_locations, scorer_model_files, scorer_triton_spec
+from slimserve.onnx_files import onnx_model_files
 from slimserve.triton_models import onnx_scorer
 from slimserve.triton_models.onnx_scorer import (
     RequestError,
@@ -143,6 +144,16 @@ def test_module_imports_without_triton():
     assert "slimserve" not in "".join(
         line for line in source.splitlines() if line.startswith(("import ", "from "))
     )
+
+
+def test_onnx_model_files_lists_the_external_data_a_graph_names(tmp_path):
+    (tmp_path / "alone").mkdir()
+    alone = tiny_scoring_onnx(tmp_path / "alone" / "model.onnx")
+    assert onnx_model_files(alone) == [alone]
+    (tmp_path / "beside").mkdir()
+    external = tiny_scoring_onnx(tmp_path / "beside" / "model.onnx", external_data=True)
+    (tmp_path / "beside" / "notes.txt").write_text("not part of the graph")
+    assert onnx_model_files(external) == [external, tmp_path / "beside" / "model.onnx.data"]
 
 
 def test_scorer_model_files(tmp_path):

@@ -358,7 +358,9 @@ def quantize_scorer_weight_only(
             block_size=block_size,
             is_symmetric=True,
             accuracy_level=accuracy_level,
-            nodes_to_exclude=nodes_to_keep_float(pre_processed, ("MatMul",), False, False),  # the label head
+            nodes_to_exclude=nodes_to_keep_float(  # the label head only
+                pre_processed, ("MatMul",), weights_only=False, float_down_proj=False
+            ),
         )
         quantizer.process()
         quantizer.model.save_model_to_file(str(onnx_out), use_external_data_format=external)
