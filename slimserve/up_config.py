@@ -147,4 +147,10 @@ class UpConfig(Settings):
             model_control_mode="explicit",
             load_models=models,
             startup_timeout_s=self.startup_timeout_s,
+            avoid_ports=self.service_ports(),
         )
+
+    def service_ports(self) -> tuple[int, ...]:
+        """The fixed ports the services started here bind (a free pick for Triton must not take them)."""
+        ports = (self.port, self.metrics_port, self.reasoning_port, self.reasoning_metrics_port)
+        return tuple(port for port in ports if port > 0)

@@ -75,6 +75,22 @@ def test_free_ports_are_distinct_and_given_ports_kept():
     assert _resolve_ports({"grpc": 8001, "http": 0, "metrics": 0}, "127.0.0.1")["grpc"] == 8001
 
 
+def test_free_picks_leave_out_the_ports_to_avoid():
+    """Every even port avoided: without the filter, 8 picks all odd would happen 1 time in 256."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    avoid = set(range(low + low % 2, high + 1, 2))
+    for _ in range(5):
+        ports = _resolve_ports({"grpc": 0, "http": 0, "metrics": 0, "other": 0}, "127.0.0.1", avoid)
+        assert not set(ports.values()) & avoid and len(set(ports.values())) == 4
+
+
+def test_up_keeps_triton_s_free_picks_off_its_services_ports():
+    from slimserve.up_config import UpConfig
+
+    config = UpConfig(port=50051, metrics_port=0, reasoning_port=50052, reasoning_metrics_port=-1)
+    assert config.triton_config(("scorer",)).avoid_ports == (50051, 50052)
+
+
 def test_missing_binary_raises_launch_error(tmp_path: Path):
     config = TritonServerConfig(model_repository=tmp_path, binary=tmp_path / "no-tritonserver")
     with pytest.raises(TritonLaunchError, match="no-tritonserver"):

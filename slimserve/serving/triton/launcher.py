@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,8 @@ class TritonServerConfig:
     cache_dir: Path | None = None
     # Seconds between SIGTERM and SIGKILL; None: exit_timeout_s + 5.
     stop_grace_s: float | None = None
+    # Ports a free pick (port 0 above) must not take: what other servers started next to it will bind.
+    avoid_ports: tuple[int, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -130,6 +133,7 @@ class TritonServerConfig:
             raise ValueError(f"model_control_mode must be one of {MODEL_CONTROL_MODES}")
         self.load_models = tuple(self.load_models)
         self.extra_args = tuple(self.extra_args)
+        self.avoid_ports = tuple(self.avoid_ports)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -139,25 +143,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that were free a moment ago.
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """``count`` distinct TCP ports that were free a moment ago, none of them in ``avoid``.
 
     The sockets are held open together while picking: one after the other, the OS may hand out the
-    same port twice (and Triton refuses two endpoints on one port).
+    same port twice (and Triton refuses two endpoints on one port). ``avoid``: ports free now that
+    something else binds later (``slimserve up``'s services: 50051 and 50052 are in Linux's range of
+    picks).
     """
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
     try:
-        for sock in sockets:
+        while len(ports) < count:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
             sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            if sock.getsockname()[1] not in avoid:
+                ports.append(sock.getsockname()[1])
+        return ports
     finally:
         for sock in sockets:
             sock.close()
 
 
-def _resolve_ports(requested: dict[str, int], host: str) -> dict[str, int]:
-    """The requested ports, with every 0 replaced by a free port distinct from all the others."""
-    picked = iter(free_ports(sum(1 for port in requested.values() if not port), host))
+def _resolve_ports(requested: dict[str, int], host: str, avoid: Collection[int] = ()) -> dict[str, int]:
+    """The requested ports, with every 0 replaced by a free port distinct from all the others and
+    outside ``avoid``."""
+    picked = iter(free_ports(sum(1 for port in requested.values() if not port), host, avoid))
     return {kind: port or next(picked) for kind, port in requested.items()}
 
 
@@ -286,7 +298,7 @@ class TritonServer:
         # A port picked free can be taken before Triton binds it: retry those with new picks.
         attempts = _PORT_ATTEMPTS if 0 in requested.values() else 1
         for attempt in range(1, attempts + 1):
-            self._ports = _resolve_ports(requested, cfg.host)
+            self._ports = _resolve_ports(requested, cfg.host, set(cfg.avoid_ports))
             log_offset = self._log_path.stat().st_size
             try:
                 self._launch()
