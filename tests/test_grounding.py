@@ -242,6 +242,15 @@ def test_wrong_verdict_and_missing_coverage_are_caught():
     assert check_explanation(MEMBER, item(required_skills=("figma",)), "Weak fit.").covered is None
 
 
+def test_a_second_verdict_later_in_the_text_is_a_disagreement():
+    """The demo's student once wrote "Strong fit for this job. ... Weak fit overall.": it states both."""
+    both = check_explanation(MEMBER, ITEM, GOOD + " Weak fit overall.", decision=True)
+    assert both.verdict == "Strong fit" and both.other_verdicts == ["Weak fit"]
+    assert not both.verdict_agrees and both.decision_agrees is False
+    again = check_explanation(MEMBER, ITEM, GOOD + " A strong fit overall.", decision=True)
+    assert again.other_verdicts == [] and again.verdict_agrees and again.decision_agrees
+
+
 def test_skills_outside_the_dataset_are_read_on_renamed_pairs():
     """A pair renamed to held-out skills: copying them covers; a garbled name does not; a renamed skill
     of neither side is a hallucination."""

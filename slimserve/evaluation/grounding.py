@@ -8,7 +8,8 @@ Per explanation (``check_explanation``):
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
-  with the verdict the facts call for (``pair_facts.verdict_of``); no verdict is a disagreement;
+  with the verdict the facts call for (``pair_facts.verdict_of``); no verdict is a disagreement, and so
+  is a text that later states another verdict ("Strong fit ... Weak fit overall": it says both);
 - **decision agreement** (when the scoring student's decision is given): ``Strong fit`` agrees with
   "engage", ``Weak fit`` with "not engage"; a ``Partial fit`` makes no yes/no claim and is left out,
   a missing verdict disagrees.
@@ -160,6 +161,7 @@ class GroundingCheck:
     verdict: str | None  # the text's verdict
     expected_verdict: str  # the facts' verdict
     decision: bool | None = None  # the scoring student's decision (engage?), when given
+    other_verdicts: list[str] = field(default_factory=list)  # other verdicts the text states later
 
     @property
     def hallucinated(self) -> bool:
@@ -172,12 +174,17 @@ class GroundingCheck:
 
     @property
     def verdict_agrees(self) -> bool:
-        return self.verdict == self.expected_verdict
+        return self.verdict == self.expected_verdict and not self.other_verdicts
 
     @property
     def decision_agrees(self) -> bool | None:
-        """Verdict vs the scorer's decision (None: no decision given, or a ``Partial fit`` verdict)."""
-        if self.decision is None or self.verdict == "Partial fit":
+        """Verdict vs the scorer's decision (None: no decision given, or a ``Partial fit`` verdict; a
+        text stating two verdicts disagrees)."""
+        if self.decision is None:
+            return None
+        if self.other_verdicts:
+            return False
+        if self.verdict == "Partial fit":
             return None
         return self.verdict == ("Strong fit" if self.decision else "Weak fit")
 
@@ -188,6 +195,7 @@ class GroundingCheck:
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
+            "other_verdicts": self.other_verdicts,
             "decision": self.decision,
         }
 
@@ -211,14 +219,16 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
     }
     false_claims = sorted(claimed - owned - industries - PLAIN_WORDS)
     shared = [s.lower() for s in facts.shared_skills]
+    verdict = parse_verdict(text)
     return GroundingCheck(
         foreign_terms=foreign,
         false_skill_claims=false_claims,
         shared_skills=shared,
         named_shared_skills=[s for s in shared if s in named],
-        verdict=parse_verdict(text),
+        verdict=verdict,
         expected_verdict=verdict_of(facts),
         decision=decision,
+        other_verdicts=sorted({f"{v.capitalize()} fit" for v in _VERDICT.findall(text)} - {verdict}),
     )
 
 
