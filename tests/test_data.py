@@ -317,6 +317,34 @@ def test_renamed_skills_keep_the_pair_s_facts_with_unseen_names(default_synth):
     assert 70 < changed < 130
 
 
+def test_invented_names_are_new_per_pair_and_keep_the_facts(default_synth):
+    """Invented names: in no list, distinct within a pair, different across pairs, seeded; the pair's
+    facts survive; ``invented_share`` 0 renames exactly as before."""
+    from slimserve.data.renaming import HELD_OUT_SKILLS, RENAMING_SKILLS, with_renamed_share
+    from slimserve.pair_facts import verdict_for
+
+    dataset, _ = default_synth
+    examples = split_dataset(dataset, seed=0, pool_factor=0).train[:120]
+    renamed = with_renamed_share(examples, 1.0, seed=4, invented_share=1.0)
+    assert renamed == with_renamed_share(examples, 1.0, seed=4, invented_share=1.0)
+    known = set(RENAMING_SKILLS) | set(HELD_OUT_SKILLS) | set(vocab.SKILLS)
+    names_per_pair = []
+    for before, after in zip(examples, renamed, strict=True):
+        old = set(before.member.skills) | set(before.item.required_skills)
+        names = set(after.member.skills) | set(after.item.required_skills)
+        assert len(names) == len(old) and not names & known  # every name invented, distinct
+        assert verdict_for(after.member, after.item) == verdict_for(before.member, before.item)
+        names_per_pair.append(names)
+    every = set().union(*names_per_pair)
+    assert len(every) > 0.9 * sum(map(len, names_per_pair))  # fresh names, not a small recalled set
+    assert with_renamed_share(examples, 0.5, seed=1, invented_share=0.0) == with_renamed_share(
+        examples, 0.5, seed=1
+    )
+    mixed = with_renamed_share(examples, 1.0, seed=1, invented_share=0.5)
+    listed = sum(bool(e.member.skills) and set(e.member.skills) <= set(RENAMING_SKILLS) for e in mixed)
+    assert 30 < listed < 90
+
+
 def test_renaming_list_leaves_out_the_dataset_and_the_demo_skills():
     from slimserve.data.renaming import RENAMING_SKILLS
     from slimserve.examples import EXAMPLE_MEMBER, example_candidates

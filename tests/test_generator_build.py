@@ -365,3 +365,16 @@ def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
     )
     assert all(stage_config(other, s) == stage_config(off_recipe, s) for s in GENERATOR_STAGES)
     assert all(stage_config(recipe, s) != stage_config(off_recipe, s) for s in GENERATOR_STAGES)
+
+
+def test_renaming_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
+    """``renamed_share`` and ``invented_share`` only choose the distillation prompts: changing either
+    keeps the fine-tuned teacher and re-runs every stage from its text on."""
+    recipe = tiny_recipe(tmp_path)
+    for field, value in (("renamed_share", 0.25), ("invented_share", 0.75)):
+        text = recipe.generator.teacher_text.model_copy(update={field: value})
+        other = recipe.model_copy(
+            update={"generator": recipe.generator.model_copy(update={"teacher_text": text})}
+        )
+        same = [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
+        assert same == [True, False, False, False, False], field

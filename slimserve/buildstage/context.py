@@ -63,10 +63,14 @@ def _generator_base(recipe: Recipe) -> dict:
     }
 
 
+# Teacher-text settings that choose the distillation prompts: the fine-tune reads none of them.
+_TEXT_ONLY = {"renamed_share", "invented_share"}
+
+
 def _generator_finetune(recipe: Recipe) -> dict:
     """The fine-tune's settings: the generator base without the teacher-text fields it never reads."""
     base = _generator_base(recipe)
-    text = recipe.generator.teacher_text.model_dump(mode="json", exclude={"renamed_share"})
+    text = recipe.generator.teacher_text.model_dump(mode="json", exclude=_TEXT_ONLY)
     return {**base, "teacher_text": text}
 
 

@@ -67,6 +67,13 @@ class TeacherTextSettings(_Strict):
         "uses (slimserve/data/renaming.py): the student learns to copy a pair's skills, not to recall "
         "the dataset's",
     )
+    invented_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the renamed prompts whose skills get invented names (random syllables, a "
+        "fresh set per pair) instead of the renaming list's: names no list holds can only be copied",
+    )
 
 
 class GeneratorStudentSettings(_Strict):

@@ -287,7 +287,9 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         pool = ctx.data.examples[split]  # train prompts balanced by verdict, held-out ones as they come
         if name == "train":
             examples = pick_by_verdict(pool, count, settings.seed)
-            examples = with_renamed_share(examples, settings.renamed_share, settings.seed)
+            examples = with_renamed_share(
+                examples, settings.renamed_share, settings.seed, settings.invented_share
+            )
         else:
             examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)

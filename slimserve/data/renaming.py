@@ -8,6 +8,12 @@ left out of this list on purpose, so the demo stays a check on skills the studen
 
 ``HELD_OUT_SKILLS`` are in neither list (the demo's among them): the build's evaluation renames held-out
 pairs to them, so its grounding figures on those pairs measure copying names no training prompt had.
+
+A fixed list can still be recalled rather than copied: a student renamed to these 140 names alone wrote
+"kurenetes", "opentele" and "spess" for held-out names and named every shared skill of a full match in 0
+of 12 such pairs (docs/generator-build.md). ``invented_skill`` makes names no list holds (random
+syllables, now and then a familiar ending: "vorlakdb", "plinex ops"), a fresh set per pair, so the
+only way to write them is to copy them from the prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import random
 from dataclasses import replace
 
 from .splits import Example
+from .vocab import SKILLS as DATASET_SKILLS
 
 RENAMING_SKILLS: tuple[str, ...] = (
     # software and data
@@ -60,17 +67,57 @@ HELD_OUT_SKILLS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def renamed_skills(example: Example, rng: random.Random, names: tuple[str, ...] = RENAMING_SKILLS) -> Example:
+_ONSETS = ("b", "br", "d", "f", "g", "gr", "k", "kr", "l", "m", "n", "p", "pl", "qu", "r", "s", "sk", "st",
+           "t", "tr", "v", "z", "x", "sh", "ch", "th", "w", "j")  # fmt: skip
+_VOWELS = ("a", "e", "i", "o", "u", "y", "ai", "ou", "ea")
+_CODAS = ("", "", "", "n", "r", "s", "x", "l", "m", "k", "t", "nd")
+_ENDINGS = ("db", "ql", ".js", "script", "flow", "ware", "ops", " ops", " analytics", " design", " care",
+            " modeling", " testing", " studio", " cloud", " therapy")  # fmt: skip
+
+
+def invented_skill(rng: random.Random) -> str:
+    """A skill-like name of 2-3 random syllables, a third of them with a familiar ending (seeded)."""
+    syllables = rng.randint(2, 3)
+    name = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
+    return name + rng.choice(_ENDINGS) if rng.random() < 1 / 3 else name
+
+
+def invented_skills(rng: random.Random, count: int) -> list[str]:
+    """``count`` distinct invented names, none a known skill (listed or the dataset's)."""
+    known = {s.lower() for s in (*RENAMING_SKILLS, *HELD_OUT_SKILLS, *DATASET_SKILLS)}
+    names: list[str] = []
+    while len(names) < count:
+        name = invented_skill(rng)
+        if name not in known and name not in names:
+            names.append(name)
+    return names
+
+
+def renamed_skills(
+    example: Example, rng: random.Random, names: tuple[str, ...] | None = RENAMING_SKILLS
+) -> Example:
     """``example`` with each distinct skill of the pair (member's and item's) replaced by a different
-    skill of ``names``, the same everywhere it appears."""
+    skill of ``names``, the same everywhere it appears; ``names`` None: fresh invented names
+    (``invented_skills``)."""
     skills = sorted(set(example.member.skills) | set(example.item.required_skills))
-    mapping = dict(zip(skills, rng.sample(names, len(skills)), strict=True))
+    invented = invented_skills(rng, len(skills)) if names is None else rng.sample(names, len(skills))
+    mapping = dict(zip(skills, invented, strict=True))
     member = replace(example.member, skills=tuple(mapping[s] for s in example.member.skills))
     item = replace(example.item, required_skills=tuple(mapping[s] for s in example.item.required_skills))
     return replace(example, member=member, item=item)
 
 
-def with_renamed_share(examples: list[Example], share: float, seed: int) -> list[Example]:
-    """``examples`` in order, every one whose seeded draw falls below ``share`` with renamed skills."""
+def with_renamed_share(
+    examples: list[Example], share: float, seed: int, invented_share: float = 0.0
+) -> list[Example]:
+    """``examples`` in order, every one whose seeded draw falls below ``share`` with renamed skills:
+    invented names (``invented_skills``) for an ``invented_share`` of those, ``RENAMING_SKILLS`` else."""
     rng = random.Random(seed)
-    return [renamed_skills(e, rng) if rng.random() < share else e for e in examples]
+    renamed = []
+    for example in examples:
+        if rng.random() < share:
+            invented = invented_share > 0 and rng.random() < invented_share
+            names = None if invented else RENAMING_SKILLS
+            example = renamed_skills(example, rng, names)
+        renamed.append(example)
+    return renamed
