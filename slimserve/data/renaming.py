@@ -82,13 +82,16 @@ def invented_skill(rng: random.Random) -> str:
     return name + rng.choice(_ENDINGS) if rng.random() < 1 / 3 else name
 
 
+# Names an invented one must not be: every listed skill and every skill of the dataset.
+_KNOWN_SKILLS = frozenset(s.lower() for s in (*RENAMING_SKILLS, *HELD_OUT_SKILLS, *DATASET_SKILLS))
+
+
 def invented_skills(rng: random.Random, count: int) -> list[str]:
     """``count`` distinct invented names, none a known skill (listed or the dataset's)."""
-    known = {s.lower() for s in (*RENAMING_SKILLS, *HELD_OUT_SKILLS, *DATASET_SKILLS)}
     names: list[str] = []
     while len(names) < count:
         name = invented_skill(rng)
-        if name not in known and name not in names:
+        if name not in _KNOWN_SKILLS and name not in names:
             names.append(name)
     return names
 
@@ -100,8 +103,8 @@ def renamed_skills(
     skill of ``names``, the same everywhere it appears; ``names`` None: fresh invented names
     (``invented_skills``)."""
     skills = sorted(set(example.member.skills) | set(example.item.required_skills))
-    invented = invented_skills(rng, len(skills)) if names is None else rng.sample(names, len(skills))
-    mapping = dict(zip(skills, invented, strict=True))
+    new_names = invented_skills(rng, len(skills)) if names is None else rng.sample(names, len(skills))
+    mapping = dict(zip(skills, new_names, strict=True))
     member = replace(example.member, skills=tuple(mapping[s] for s in example.member.skills))
     item = replace(example.item, required_skills=tuple(mapping[s] for s in example.item.required_skills))
     return replace(example, member=member, item=item)
