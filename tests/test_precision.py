@@ -135,3 +135,53 @@ def test_trained_precision_reads_what_the_stage_settings_write():
         assert trained_precision(stage_config(fp32, stage), stage) == "fp32"
         assert trained_precision(stage_config(bf16, stage), stage) == "bf16"
     assert trained_precision(stage_config(bf16, "prune"), "prune") == "fp32"  # no training pass of its own
+
+
+def test_generator_training_stages_take_a_precision_that_reruns_them_and_fp32_keeps_old_ids():
+    """generator.finetune.precision re-runs every generator stage (the fine-tuned teacher is the
+    teacher); offpolicy's re-runs (a) and (b), onpolicy's (b) only; FP32 writes no precision key."""
+    from slimserve.buildstage.context import trained_precision
+    from slimserve.buildstage.generator_stages import GENERATOR_STAGES
+
+    fp32 = load_recipe("tiny")
+    for stage in GENERATOR_STAGES:
+        assert trained_precision(stage_config(fp32, stage), stage) == "fp32"
+    for section in ("finetune", "offpolicy", "onpolicy"):
+        assert "precision" not in stage_config(fp32, "gen_onpolicy")[section]
+    changed = {}
+    for section in ("finetune", "offpolicy", "onpolicy"):
+        bf16 = load_recipe("tiny")
+        getattr(bf16.generator, section).precision = "bf16"
+        changed[section] = [s for s in GENERATOR_STAGES if stage_config(bf16, s) != stage_config(fp32, s)]
+        trained = f"gen_{section}"
+        assert trained_precision(stage_config(bf16, trained), trained) == "bf16"
+    assert changed == {
+        "finetune": list(GENERATOR_STAGES),
+        "offpolicy": ["gen_offpolicy", "gen_onpolicy"],
+        "onpolicy": ["gen_onpolicy"],
+    }
+    assert trained_precision(stage_config(bf16, "gen_teacher"), "gen_teacher") == "fp32"  # text: FP32
+    with pytest.raises(ConfigError, match="precision"):
+        load_recipe("tiny", overrides={"generator": {"offpolicy": {"precision": "fp16"}}})
+    assert load_recipe("cpu").generator.onpolicy.precision == "auto"
+
+
+def test_a_generator_s_training_forward_autocasts_but_its_lm_head_and_evaluations_stay_fp32():
+    from slimserve.compression.generator_distill import response_batch, response_logprobs
+    from slimserve.models.teacher import load_teacher
+
+    model = load_teacher("tiny", seed=3).model.eval()
+    batch = response_batch([[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15]])
+    head_inputs = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: head_inputs.append((i[0], o)))
+    with torch.no_grad():
+        reference = response_logprobs(model, batch, training=True)  # no using block: FP32
+        with precision.using("bf16"):
+            evaluation = response_logprobs(model, batch)
+            trained = response_logprobs(model, batch, training=True)
+    hook.remove()
+    assert torch.equal(evaluation, reference)  # evaluations: FP32 inside a BF16 stage
+    assert trained.dtype == torch.float32 and trained.shape == reference.shape == (5, model.config.vocab_size)
+    assert all(i.dtype == o.dtype == torch.float32 for i, o in head_inputs)  # the LM head ran in FP32
+    difference = float((trained - reference).abs().max())
+    assert 0 < difference < 0.1  # the decoder ran at BF16: close, not equal

@@ -39,8 +39,8 @@ def _on_this_machine(setting) -> str:
     return resolve(setting)
 
 
-def _distill_settings(settings) -> dict:
-    """A distillation's settings, its precision as resolved here and only where BF16 (FP32 builds made
+def _training_settings(settings) -> dict:
+    """A training stage's settings, its precision as resolved here and only where BF16 (FP32 builds made
     before the setting existed keep their stage ids)."""
     dump = settings.model_dump(mode="json", exclude={"precision"})
     chosen = _on_this_machine(settings.precision)
@@ -59,7 +59,7 @@ def _generator_base(recipe: Recipe) -> dict:
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": _dump(g.teacher_text),
         "evaluation": _dump(g.evaluation),
-        "finetune": _dump(g.finetune) if g.finetune.enabled else {"enabled": False},
+        "finetune": _training_settings(g.finetune) if g.finetune.enabled else {"enabled": False},
     }
 
 
@@ -83,11 +83,11 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     ),
     "distill": (
         "teacher",
-        lambda r: {"student": {**_dump(r.student), "distill": _distill_settings(r.student.distill)}},
+        lambda r: {"student": {**_dump(r.student), "distill": _training_settings(r.student.distill)}},
     ),
     "prune": ("distill", lambda r: {"prune": r.prune.model_dump(mode="json", exclude={"redistill"})}),
     "prune_baselines": ("prune", lambda r: {}),
-    "redistill": ("prune", lambda r: {"redistill": _distill_settings(r.prune.redistill)}),
+    "redistill": ("prune", lambda r: {"redistill": _training_settings(r.prune.redistill)}),
     "int8": (
         "redistill",
         lambda r: {
@@ -109,8 +109,8 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "gen_finetune": (None, _generator_finetune),
     "gen_teacher": (None, _generator_base),
     "gen_prune": ("gen_teacher", lambda r: {"student": _dump(r.generator.student)}),
-    "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _dump(r.generator.offpolicy)}),
-    "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _dump(r.generator.onpolicy)}),
+    "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _training_settings(r.generator.offpolicy)}),
+    "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _training_settings(r.generator.onpolicy)}),
 }
 
 
@@ -120,6 +120,9 @@ TRAINED_PRECISION_KEYS: dict[str, tuple[str, ...]] = {
     "teacher": ("precision",),
     "distill": ("student", "distill", "precision"),
     "redistill": ("redistill", "precision"),
+    "gen_finetune": ("finetune", "precision"),
+    "gen_offpolicy": ("offpolicy", "precision"),
+    "gen_onpolicy": ("onpolicy", "precision"),
 }
 
 

@@ -6,12 +6,23 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..compression.precision import Precision
 from ..compression.trainer import TrainConfig
 from ..export.generator_config import GeneratorPublishOptions
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _precision_field():
+    """A training stage's ``precision``: the matrix products of its training forward and backward."""
+    return Field(
+        "fp32",
+        description="Matrix products of the training passes: fp32, bf16 (autocast; FP32 weights, optimizer, "
+        "LM head and loss) or auto (bf16 where the CPU has AMX tiles or AVX-512 BF16, else fp32). Text "
+        "generation, the teacher's targets and every evaluation are FP32 (README, Precision).",
+    )
 
 
 class TeacherFinetuneSettings(_Strict):
@@ -36,6 +47,7 @@ class TeacherFinetuneSettings(_Strict):
         "backward pass); null: all of them",
     )
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=2, batch_size=8))
+    precision: Precision = _precision_field()
     seed: int = Field(
         0, description="Seed of the pairs' choice, the explanations' wording and the instructions"
     )
@@ -94,6 +106,7 @@ class OffPolicySettings(_Strict):
     """Stage (a): forward KL to the teacher on the teacher's text."""
 
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=3e-4, epochs=2, batch_size=8))
+    precision: Precision = _precision_field()
 
 
 class OnPolicySettings(_Strict):
@@ -104,6 +117,7 @@ class OnPolicySettings(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Student nucleus sampling threshold")
     max_new_tokens: int = Field(96, ge=1, description="Length limit of the student's samples")
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=1, batch_size=8))
+    precision: Precision = _precision_field()
 
 
 class GeneratorEvalSettings(_Strict):

@@ -265,7 +265,13 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     (out / FINETUNE_SET_FILE).write_text(json.dumps(records, indent=1) + "\n")
     settings = ctx.settings.finetune
     report = finetune_on_answers(
-        teacher, prompts, answers, settings.train, out / "checkpoint.pt", settings.train_top_layers
+        teacher,
+        prompts,
+        answers,
+        settings.train,
+        out / "checkpoint.pt",
+        settings.train_top_layers,
+        settings.precision,
     )
     teacher.eval()
     _save_model(ctx, teacher, out)
@@ -338,8 +344,9 @@ def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     from ..compression.generator_distill import distill_offpolicy
 
     student = ctx.load_student("gen_prune")
+    settings = ctx.settings.offpolicy
     report = distill_offpolicy(
-        student, ctx.text("train"), ctx.settings.offpolicy.train, out / "checkpoint.pt"
+        student, ctx.text("train"), settings.train, out / "checkpoint.pt", settings.precision
     )
     _save_model(ctx, student, out)
     row = evaluate(ctx, "generator (a) off-policy", student, out)
@@ -361,7 +368,13 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         ctx.end_ids,
     )
     report, sampled = distill_onpolicy(
-        student, ctx.teacher, text, policy, settings.train, out / "checkpoint.pt"
+        student,
+        ctx.teacher,
+        text,
+        policy,
+        settings.train,
+        out / "checkpoint.pt",
+        precision_setting=settings.precision,
     )
     for sample in sampled.samples:
         sample["text"] = ctx.decode(sample["response"])

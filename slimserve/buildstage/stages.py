@@ -59,12 +59,7 @@ def run_teacher(recipe: Recipe, data: BuildData, loaded_model, out: Path) -> lis
     top layers, evaluate, soft-label. The cache and the fine-tune run at the teacher's ``precision``;
     the evaluations and the soft labels are FP32."""
     settings = recipe.teacher
-    with precision.using(settings.precision) as chosen:
-        log.info(
-            "teacher stage: frozen-layer cache and fine-tune at %s (precision: %s)",
-            chosen,
-            settings.precision,
-        )
+    with precision.logged(settings.precision, "teacher stage: frozen-layer cache and fine-tune"):
         return _teacher_passes(settings, data, loaded_model, out)
 
 

@@ -6,7 +6,6 @@ member's item suffixes per row, the prefix computed once, gradients through it.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,6 @@ from ..evaluation.metrics import auc
 from ..models.multi_item import MultiItemScorer
 from ..models.scorer_graph import ScorerGraph
 from .recipe import DistillSettings
-
-log = logging.getLogger(__name__)
 
 
 def finetune_top_layers(
@@ -123,9 +120,10 @@ def distill(
 
     student.train()
     try:
-        with precision.using(settings.precision) as chosen:
-            log.info("%s at %s (precision: %s)", desc, chosen, settings.precision)
-            return train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
+        with precision.logged(settings.precision, desc) as chosen:
+            report = train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
+        report.precision = chosen
+        return report
     finally:
         student.eval()
         for parameter in student.parameters():

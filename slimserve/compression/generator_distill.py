@@ -10,6 +10,7 @@ the prompt is context.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import precision
 from .batches import batch_indices, pad_right
 from .generator_data import Sampling, TeacherText, generate
 from .trainer import TrainConfig, TrainReport, train
@@ -51,14 +53,20 @@ def response_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     return ResponseBatch(ids, mask, as_long(rows), as_long(cols), as_long(targets))
 
 
-def response_logprobs(model, batch: ResponseBatch) -> torch.Tensor:
+def response_logprobs(model, batch: ResponseBatch, training: bool = False) -> torch.Tensor:
     """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
-    token (on the model's device); the LM head runs only there."""
+    token (on the model's device); the LM head runs only there. ``training``: the decoder runs at the
+    training stage's precision (``precision.compute``); the LM head and the log-softmax are FP32 whatever
+    it is (a BF16 logit's rounding, about 0.06 at 16, is as large as the differences the KL is made of)."""
     device = model.device
-    hidden = model.get_decoder()(
-        input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False
-    ).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[batch.rows.to(device), batch.cols.to(device)])
+    with precision.compute() if training else contextlib.nullcontext():
+        hidden = model.get_decoder()(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention_mask.to(device),
+            use_cache=False,
+        ).last_hidden_state
+    selected = hidden[batch.rows.to(device), batch.cols.to(device)].float()
+    logits = model.get_output_embeddings()(selected)
     return torch.log_softmax(logits.float(), dim=-1)
 
 
@@ -117,11 +125,17 @@ def _run(
     checkpoint: Path | None,
     desc: str,
     frozen_layers: int = 0,
+    precision_setting: precision.Precision = "fp32",
 ) -> TrainReport:
+    """Train ``student``'s parameters (``_trainable``) with ``loss_fn``, whose student forwards run at
+    ``precision_setting`` (``response_logprobs(..., training=True)``)."""
     parameters = _trainable(student, frozen_layers)
     student.train()
     try:
-        return train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
+        with precision.logged(precision_setting, desc) as chosen:
+            report = train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
+        report.precision = chosen
+        return report
     finally:
         student.eval()
         for parameter in student.parameters():
@@ -133,7 +147,7 @@ def _offpolicy_loss(student, text: TeacherText, indices: Sequence[int]) -> torch
     targets = [text.generated.targets(int(i)) for i in indices]
     values = torch.cat([t[0] for t in targets]).to(student.device)
     ids = torch.cat([t[1] for t in targets]).to(student.device)
-    return sparse_forward_kl(response_logprobs(student, batch), values, ids).mean()
+    return sparse_forward_kl(response_logprobs(student, batch, training=True), values, ids).mean()
 
 
 def _lengths(text: TeacherText) -> list[int]:
@@ -141,9 +155,14 @@ def _lengths(text: TeacherText) -> list[int]:
 
 
 def distill_offpolicy(
-    student, text: TeacherText, config: TrainConfig, checkpoint: Path | None = None
+    student,
+    text: TeacherText,
+    config: TrainConfig,
+    checkpoint: Path | None = None,
+    precision_setting: precision.Precision = "fp32",
 ) -> TrainReport:
-    """Stage (a): forward KL to the teacher's cached top-k distributions on the teacher's own text."""
+    """Stage (a): forward KL to the teacher's cached top-k distributions on the teacher's own text (the
+    student's forward at ``precision_setting``)."""
     if text.generated.topk_logprobs is None:
         raise ValueError("the teacher text carries no top-k targets (generate it with top_k)")
     lengths = _lengths(text)
@@ -152,7 +171,13 @@ def distill_offpolicy(
         return batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
 
     return _run(
-        student, plan, lambda idx: _offpolicy_loss(student, text, idx), config, checkpoint, "generator (a)"
+        student,
+        plan,
+        lambda idx: _offpolicy_loss(student, text, idx),
+        config,
+        checkpoint,
+        "generator (a)",
+        precision_setting=precision_setting,
     )
 
 
@@ -175,10 +200,12 @@ def distill_onpolicy(
     config: TrainConfig,
     checkpoint: Path | None = None,
     keep_samples: int = 8,
+    precision_setting: precision.Precision = "fp32",
 ) -> tuple[TrainReport, OnPolicyLog]:
     """Stage (b): on a ``settings.share`` of the micro-batches the student samples continuations of the
     prompts (``settings.sampling``) and learns the teacher's distribution on them; the other micro-batches
-    are teacher text as in stage (a)."""
+    are teacher text as in stage (a). The student's training forward runs at ``precision_setting``; its
+    sampling and the teacher's targets are FP32."""
     lengths = _lengths(text)
     record = OnPolicyLog()
 
@@ -193,7 +220,7 @@ def distill_onpolicy(
         batch = response_batch(prompts, responses)
         with torch.no_grad():
             values, ids = topk_targets(response_logprobs(teacher, batch), settings.top_k)
-        student_logprobs = response_logprobs(student, batch)
+        student_logprobs = response_logprobs(student, batch, training=True)
         return sparse_forward_kl(student_logprobs, values.to(student.device), ids.to(student.device)).mean()
 
     teacher.eval()
@@ -204,6 +231,7 @@ def distill_onpolicy(
         config,
         checkpoint,
         "generator (b)",
+        precision_setting=precision_setting,
     )
     return report, record
 

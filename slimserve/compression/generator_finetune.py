@@ -16,13 +16,14 @@ import torch
 
 from .batches import batch_indices
 from .generator_distill import _run, response_batch, response_logprobs
+from .precision import Precision
 from .trainer import TrainConfig, TrainReport
 
 
 def answer_loss(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]]) -> torch.Tensor:
     """Mean ``-log q(token)`` over the answer tokens of a batch."""
     batch = response_batch(prompts, answers)
-    logprobs = response_logprobs(model, batch)
+    logprobs = response_logprobs(model, batch, training=True)
     return -logprobs.gather(-1, batch.targets.to(logprobs.device)[:, None]).mean()
 
 
@@ -33,9 +34,11 @@ def finetune_on_answers(
     config: TrainConfig,
     checkpoint: Path | None = None,
     train_top_layers: int | None = None,
+    precision_setting: Precision = "fp32",
 ) -> TrainReport:
     """Fine-tune ``model`` in place to write ``answers[i]`` after ``prompts[i]``; only its top
-    ``train_top_layers`` decoder layers (and the final norm) learn when that is set, all of them otherwise."""
+    ``train_top_layers`` decoder layers (and the final norm) learn when that is set, all of them otherwise.
+    The decoder's training forward runs at ``precision_setting`` (the LM head and the loss FP32)."""
     if len(prompts) != len(answers) or not prompts:
         raise ValueError("fine-tuning needs as many answers as prompts, and at least one")
     layers = len(model.get_decoder().layers)
@@ -48,4 +51,6 @@ def finetune_on_answers(
     def loss_fn(indices) -> torch.Tensor:
         return answer_loss(model, [prompts[i] for i in indices], [answers[i] for i in indices])
 
-    return _run(model, plan, loss_fn, config, checkpoint, "generator teacher fine-tune", frozen)
+    return _run(
+        model, plan, loss_fn, config, checkpoint, "generator teacher fine-tune", frozen, precision_setting
+    )

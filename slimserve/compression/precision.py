@@ -17,10 +17,13 @@ converted in software and can be slower than FP32, so ``auto`` stays FP32 there.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Literal
 
 import torch
+
+log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16"]
 
@@ -53,6 +56,14 @@ def using(precision: Precision) -> Iterator[Literal["fp32", "bf16"]]:
         yield chosen
     finally:
         _autocast_dtype = previous
+
+
+@contextlib.contextmanager
+def logged(precision: Precision, what: str) -> Iterator[Literal["fp32", "bf16"]]:
+    """``using(precision)``, logged as "<what> at bf16 (precision: auto)": a training stage's block."""
+    with using(precision) as chosen:
+        log.info("%s at %s (precision: %s)", what, chosen, precision)
+        yield chosen
 
 
 @contextlib.contextmanager

@@ -54,6 +54,7 @@ class TrainReport:
     losses: list[float] = field(default_factory=list)
     epoch_scores: list[float] = field(default_factory=list)  # validation score after each epoch
     best_epoch: int | None = None  # the epoch whose weights were kept (1-based), when scored
+    precision: str = "fp32"  # of the training forward and backward (set by a stage that autocasts)
 
     def as_dict(self) -> dict:
         tail = self.losses[-20:]
@@ -65,6 +66,7 @@ class TrainReport:
             "final_loss": sum(tail) / len(tail) if tail else None,
             "epoch_scores": [round(v, 4) for v in self.epoch_scores],
             "best_epoch": self.best_epoch,
+            "precision": self.precision,
         }
 
 
