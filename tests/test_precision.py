@@ -185,3 +185,25 @@ def test_a_generator_s_training_forward_autocasts_but_its_lm_head_and_evaluation
     assert all(i.dtype == o.dtype == torch.float32 for i, o in head_inputs)  # the LM head ran in FP32
     difference = float((trained - reference).abs().max())
     assert 0 < difference < 0.1  # the decoder ran at BF16: close, not equal
+
+
+def test_auto_on_cuda_reads_the_gpu_and_its_autocast_leaves_cpu_operations_alone(monkeypatch):
+    """A generator on CUDA (``generator.device``) resolves ``auto`` by the GPU's BF16 support, not the
+    CPU's units, in its stage ids too; ``compute()`` then autocasts CUDA operations only."""
+    from slimserve.buildstage.context import trained_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for supported, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda supported=supported: supported)
+        assert precision.resolve("auto", "cuda") == expected and precision.resolve("auto") == "fp32"
+        recipe = load_recipe("tiny")
+        recipe.generator.device = "auto"
+        recipe.generator.finetune.precision = "auto"
+        assert recipe.generator.resolved_device() == "cuda"
+        assert trained_precision(stage_config(recipe, "gen_finetune"), "gen_finetune") == expected
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    layer = torch.nn.Linear(8, 4)
+    with precision.using("bf16", "cuda"), precision.compute():
+        assert layer(torch.randn(2, 8)).dtype == torch.float32  # a CPU operation: not autocast

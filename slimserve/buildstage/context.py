@@ -32,19 +32,25 @@ def _scorer_data(recipe: Recipe) -> dict:
     return {"data": {**_dump(recipe.data), "prompt_template": SCORING_TEMPLATE_VERSION}}
 
 
-def _on_this_machine(setting) -> str:
-    """What a precision setting means on this machine (a stage trained at another one re-runs)."""
+def _on_this_machine(setting, device: str = "cpu") -> str:
+    """What a precision setting means on this machine's ``device`` (a stage trained at another one
+    re-runs)."""
     from ..compression.precision import resolve
 
-    return resolve(setting)
+    return resolve(setting, device)
 
 
-def _training_settings(settings) -> dict:
-    """A training stage's settings, its precision as resolved here and only where BF16 (FP32 builds made
-    before the setting existed keep their stage ids)."""
+def _training_settings(settings, device: str = "cpu") -> dict:
+    """A training stage's settings, its precision as resolved here (on ``device``) and only where BF16
+    (FP32 builds made before the setting existed keep their stage ids)."""
     dump = settings.model_dump(mode="json", exclude={"precision"})
-    chosen = _on_this_machine(settings.precision)
+    chosen = _on_this_machine(settings.precision, device)
     return dump if chosen == "fp32" else {**dump, "precision": chosen}
+
+
+def _generator_training(recipe: Recipe, settings) -> dict:
+    """A generator training stage's settings, its precision resolved on the generator's device."""
+    return _training_settings(settings, recipe.generator.resolved_device())
 
 
 def _generator_base(recipe: Recipe) -> dict:
@@ -59,7 +65,7 @@ def _generator_base(recipe: Recipe) -> dict:
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": _dump(g.teacher_text),
         "evaluation": _dump(g.evaluation),
-        "finetune": _training_settings(g.finetune) if g.finetune.enabled else {"enabled": False},
+        "finetune": _generator_training(recipe, g.finetune) if g.finetune.enabled else {"enabled": False},
     }
 
 
@@ -109,8 +115,8 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "gen_finetune": (None, _generator_finetune),
     "gen_teacher": (None, _generator_base),
     "gen_prune": ("gen_teacher", lambda r: {"student": _dump(r.generator.student)}),
-    "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _training_settings(r.generator.offpolicy)}),
-    "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _training_settings(r.generator.onpolicy)}),
+    "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _generator_training(r, r.generator.offpolicy)}),
+    "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _generator_training(r, r.generator.onpolicy)}),
 }
 
 

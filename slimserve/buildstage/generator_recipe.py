@@ -20,7 +20,8 @@ def _precision_field():
     return Field(
         "fp32",
         description="Matrix products of the training passes: fp32, bf16 (autocast; FP32 weights, optimizer, "
-        "LM head and loss) or auto (bf16 where the CPU has AMX tiles or AVX-512 BF16, else fp32). Text "
+        "LM head and loss) or auto (bf16 where the generator's device has BF16 units: AMX tiles or AVX-512 "
+        "BF16 on the CPU, compute capability 8.0 or later on CUDA; else fp32). Text "
         "generation, the teacher's targets and every evaluation are FP32 (README, Precision).",
     )
 
@@ -217,3 +218,11 @@ class GeneratorSettings(_Strict):
     evaluation: GeneratorEvalSettings = Field(default_factory=GeneratorEvalSettings)
     gates: GeneratorGates = Field(default_factory=GeneratorGates)
     publish: GeneratorPublishSettings = Field(default_factory=GeneratorPublishSettings)
+
+    def resolved_device(self) -> Literal["cpu", "cuda"]:
+        """``device`` on this machine (``auto``: cuda when torch sees a CUDA device)."""
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device

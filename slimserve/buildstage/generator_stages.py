@@ -589,10 +589,8 @@ def generator_context(recipe: Recipe, data: BuildData, loaded) -> GeneratorConte
 
     from ..compression.generator_data import end_token_ids
 
-    device = recipe.generator.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
+    device = recipe.generator.resolved_device()
+    if device == "cuda" and not torch.cuda.is_available():
         raise UserError("generator.device: 'cuda' but torch sees no CUDA device (use 'cpu' or 'auto')")
     work = recipe.resolved_work_dir()
     end_ids = end_token_ids(loaded.tokenizer_file)

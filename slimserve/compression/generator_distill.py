@@ -128,11 +128,11 @@ def _run(
     precision_setting: precision.Precision = "fp32",
 ) -> TrainReport:
     """Train ``student``'s parameters (``_trainable``) with ``loss_fn``, whose student forwards run at
-    ``precision_setting`` (``response_logprobs(..., training=True)``)."""
+    ``precision_setting`` on the student's device (``response_logprobs(..., training=True)``)."""
     parameters = _trainable(student, frozen_layers)
     student.train()
     try:
-        with precision.logged(precision_setting, desc) as chosen:
+        with precision.logged(precision_setting, desc, student.device.type) as chosen:
             report = train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
         report.precision = chosen
         return report

@@ -1,13 +1,15 @@
-"""The precision of the build's PyTorch training passes: FP32, or BF16 autocast where the CPU multiplies
+"""The precision of the build's PyTorch training passes: FP32, or BF16 autocast where the device multiplies
 BF16 in hardware.
 
 A stage sets it (``using``, with its recipe setting: ``teacher.precision`` for the teacher's frozen-layer
 cache and top-layer fine-tune, ``student.distill.precision`` and ``prune.redistill.precision`` for the
-students' distillations) around passes whose forward runs inside ``compute()``. Autocast keeps the
+students' distillations, ``generator.finetune/offpolicy/onpolicy.precision`` for the generator's) around
+passes whose forward runs inside ``compute()``. Autocast keeps the
 weights, the optimizer state and the loss in FP32 and runs the matrix products in BF16. Evaluations,
 soft labels, layer selection, pruning's calibration and every exported graph stay FP32.
 
-``auto`` picks BF16 only where the CPU has BF16 dot-product instructions: Intel AMX tiles, or AVX-512
+``auto`` picks BF16 only where the device has BF16 units: on a CUDA GPU compute capability 8.0 and
+later (the generator's stages with ``generator.device`` cuda); on the CPU Intel AMX tiles, or AVX-512
 BF16 (``VDPBF16PS``: AMD Zen 4 and later, Intel Cooper Lake). Measured (README, "Precision"): a
 4096x576 by 576x1536 product in an ad-hoc PyTorch loop on 2 cores ran at 1,413 GFLOP/s in BF16 against
 177 in FP32 with AMX, and at 351 against 142 on an AMD EPYC with AVX-512 BF16. Without either, BF16 is
@@ -27,7 +29,9 @@ log = logging.getLogger(__name__)
 
 Precision = Literal["auto", "fp32", "bf16"]
 
-_autocast_dtype: torch.dtype | None = None
+Device = Literal["cpu", "cuda"]
+
+_autocast: tuple[Device, torch.dtype] | None = None  # (device type, dtype) of compute() blocks
 
 
 def has_bf16_matrix_units() -> bool:
@@ -36,41 +40,53 @@ def has_bf16_matrix_units() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
 
 
-def resolve(precision: Precision) -> Literal["fp32", "bf16"]:
-    """What ``precision`` means on this machine (``auto``: bf16 with AMX or AVX-512 BF16, else fp32)."""
+def has_bf16(device: Device = "cpu") -> bool:
+    """True where ``device`` multiplies BF16 in hardware: the CPU's units above, or a CUDA GPU with BF16
+    (compute capability 8.0 and later, ``torch.cuda.is_bf16_supported``)."""
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return has_bf16_matrix_units()
+
+
+def resolve(precision: Precision, device: Device = "cpu") -> Literal["fp32", "bf16"]:
+    """What ``precision`` means on this machine's ``device`` (``auto``: bf16 where it has BF16 units)."""
     if precision == "auto":
-        return "bf16" if has_bf16_matrix_units() else "fp32"
+        return "bf16" if has_bf16(device) else "fp32"
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision: {precision!r} is not one of auto, fp32, bf16")
     return precision
 
 
 @contextlib.contextmanager
-def using(precision: Precision) -> Iterator[Literal["fp32", "bf16"]]:
-    """Within the block, ``compute()`` runs at ``precision`` (resolved, and yielded); the previous
-    precision comes back after it. The training stages wrap their passes in one."""
-    global _autocast_dtype
-    chosen = resolve(precision)
-    previous, _autocast_dtype = _autocast_dtype, (torch.bfloat16 if chosen == "bf16" else None)
+def using(precision: Precision, device: Device = "cpu") -> Iterator[Literal["fp32", "bf16"]]:
+    """Within the block, ``compute()`` runs ``device``'s matrix products at ``precision`` (resolved for
+    that device, and yielded); the previous setting comes back after it. The training stages wrap
+    their passes in one."""
+    global _autocast
+    chosen = resolve(precision, device)
+    previous, _autocast = _autocast, ((device, torch.bfloat16) if chosen == "bf16" else None)
     try:
         yield chosen
     finally:
-        _autocast_dtype = previous
+        _autocast = previous
 
 
 @contextlib.contextmanager
-def logged(precision: Precision, what: str) -> Iterator[Literal["fp32", "bf16"]]:
-    """``using(precision)``, logged as "<what> at bf16 (precision: auto)": a training stage's block."""
-    with using(precision) as chosen:
-        log.info("%s at %s (precision: %s)", what, chosen, precision)
+def logged(precision: Precision, what: str, device: Device = "cpu") -> Iterator[Literal["fp32", "bf16"]]:
+    """``using(precision, device)``, logged as "<what> at bf16 (precision: auto)": a training stage's
+    block."""
+    with using(precision, device) as chosen:
+        log.info("%s at %s on %s (precision: %s)", what, chosen, device, precision)
         yield chosen
 
 
 @contextlib.contextmanager
 def compute() -> Iterator[None]:
-    """Run the block's CPU matrix products at the configured precision (FP32: unchanged)."""
-    if _autocast_dtype is None:
+    """Run the block's matrix products on the configured device at the configured precision (FP32:
+    unchanged; other devices' operations: unchanged)."""
+    if _autocast is None:
         yield
         return
-    with torch.autocast("cpu", dtype=_autocast_dtype):
+    device, dtype = _autocast
+    with torch.autocast(device, dtype=dtype):
         yield
