@@ -76,6 +76,9 @@ def test_training_at_bf16_learns_and_keeps_fp32_weights():
         after = float(torch.nn.functional.mse_loss(layer(x), y))
     assert all(p.dtype == torch.float32 for p in layer.parameters())
     assert after < 0.2 * before, (before, after, report.as_dict())
+    assert report.precision == "bf16"  # the report says what the block ran at
+    plain = train(list(layer.parameters()), plan, lambda rows: layer(x[rows]).pow(2).mean(), TrainConfig())
+    assert plain.precision == "fp32"
 
 
 def test_the_trainer_itself_stays_fp32():

@@ -120,10 +120,8 @@ def distill(
 
     student.train()
     try:
-        with precision.logged(settings.precision, desc) as chosen:
-            report = train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
-        report.precision = chosen
-        return report
+        with precision.logged(settings.precision, desc):
+            return train(list(student.parameters()), plan, loss_fn, config, checkpoint, desc=desc)
     finally:
         student.eval()
         for parameter in student.parameters():

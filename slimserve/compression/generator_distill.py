@@ -132,10 +132,8 @@ def _run(
     parameters = _trainable(student, frozen_layers)
     student.train()
     try:
-        with precision.logged(precision_setting, desc, student.device.type) as chosen:
-            report = train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
-        report.precision = chosen
-        return report
+        with precision.logged(precision_setting, desc, student.device.type):
+            return train(parameters, plan, loss_fn, config, checkpoint, desc=desc)
     finally:
         student.eval()
         for parameter in student.parameters():

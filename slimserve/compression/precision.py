@@ -71,10 +71,15 @@ def using(precision: Precision, device: Device = "cpu") -> Iterator[Literal["fp3
         _autocast = previous
 
 
+def active() -> Literal["fp32", "bf16"]:
+    """The precision ``compute()`` blocks run at now (the innermost ``using`` block's)."""
+    return "fp32" if _autocast is None else "bf16"
+
+
 @contextlib.contextmanager
 def logged(precision: Precision, what: str, device: Device = "cpu") -> Iterator[Literal["fp32", "bf16"]]:
-    """``using(precision, device)``, logged as "<what> at bf16 (precision: auto)": a training stage's
-    block."""
+    """``using(precision, device)``, logged as "<what> at bf16 on cpu (precision: auto)": a training
+    stage's block."""
     with using(precision, device) as chosen:
         log.info("%s at %s on %s (precision: %s)", what, chosen, device, precision)
         yield chosen

@@ -18,6 +18,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from . import precision
+
 log = logging.getLogger(__name__)
 
 
@@ -54,7 +56,7 @@ class TrainReport:
     losses: list[float] = field(default_factory=list)
     epoch_scores: list[float] = field(default_factory=list)  # validation score after each epoch
     best_epoch: int | None = None  # the epoch whose weights were kept (1-based), when scored
-    precision: str = "fp32"  # of the training forward and backward (set by a stage that autocasts)
+    precision: str = "fp32"  # of the loss's compute() blocks: the precision block train() ran in
 
     def as_dict(self) -> dict:
         tail = self.losses[-20:]
@@ -135,7 +137,7 @@ def train(
         epoch_ends[max(1, len(batches) // config.grad_accum)] = epoch + 1
     total_steps = max(1, len(batches) // config.grad_accum)
     warmup = int(total_steps * config.warmup_ratio)
-    report = TrainReport()
+    report = TrainReport(precision=precision.active())
     best = _BestWeights(parameters, validation_score, report) if validation_score else None
     start_step = 0
     if checkpoint is not None and checkpoint.is_file():
