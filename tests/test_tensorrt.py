@@ -172,7 +172,7 @@ def test_plan_config_check_lists_every_disagreement():
         "default_model_filename is set",
         "['model_sm80.plan']",
         "profiles ['7']",
-        "[1, 400] fits no optimization profile",
+        "shapes attention_mask 1x96, input_ids 1x400 fit no optimization profile",
     ):
         assert expected in message
     with pytest.raises(ValueError, match="cc_model_filenames is empty"):

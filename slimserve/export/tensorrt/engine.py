@@ -1,5 +1,9 @@
 """onnx2trt: a strongly typed TensorRT engine with one optimization profile per bucket and a timing cache.
 
+The same builder serves the single-sequence graph (``input_ids``/``attention_mask`` [batch, length]) and
+the multi-item graph (``prefix_*`` [members, P], ``item_*`` [members, N, L]): each profile names its
+inputs and their min/opt/max shapes, checked against the parsed network's inputs before building.
+
 Written against the TensorRT Python API so it works on 10.x (the 24.10 containers carry 10.5) and 11.x:
 no precision builder flags (11.x removed them); the network is created STRONGLY_TYPED (required on 10.x,
 the default on 11.x), so every layer runs in the type the Q/DQ ONNX gives it. The timing cache is read
@@ -19,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...errors import BuildError
-from .profiles import BucketProfile, trtexec_shape_flags
+from .profiles import Profile, profile_input_problems, trtexec_shape_flags
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,11 @@ def strongly_typed_flags(trt) -> int:
     return 0 if flag is None else 1 << int(flag)
 
 
+def network_inputs(network) -> dict[str, int]:
+    """A parsed network's inputs: name -> rank."""
+    return {network.get_input(i).name: len(network.get_input(i).shape) for i in range(network.num_inputs)}
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -76,7 +85,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def trtexec_script(
-    onnx_path: Path, plan_path: Path, profiles: Sequence[BucketProfile], config: EngineBuildConfig
+    onnx_path: Path, plan_path: Path, profiles: Sequence[Profile], config: EngineBuildConfig
 ) -> str:
     """A shell script rebuilding the same engine with ``trtexec`` (the build step, reproducible alone)."""
     args = [
@@ -97,10 +106,33 @@ def trtexec_script(
     )
 
 
+def _parse(trt, builder, flags: int, logger, onnx_path: Path, profiles: Sequence[Profile]):
+    """(network, parser) of the ONNX graph; ``BuildError`` when it does not parse or the profiles miss
+    or misname one of its inputs (rank 2 or 3)."""
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise BuildError(f"TensorRT could not parse {onnx_path}: {errors}")
+    problems = profile_input_problems(network_inputs(network), profiles)
+    if problems:
+        raise BuildError(f"optimization profiles do not fit {onnx_path}: " + "; ".join(problems))
+    return network, parser
+
+
+def add_profiles(builder, builder_config, profiles: Sequence[Profile]) -> None:
+    """One ``IOptimizationProfile`` per profile, each input's (min, opt, max) set by name, in order."""
+    for profile in profiles:
+        trt_profile = builder.create_optimization_profile()
+        for name, (low, opt, high) in profile.shapes().items():
+            trt_profile.set_shape(name, low, opt, high)
+        builder_config.add_optimization_profile(trt_profile)
+
+
 def build_engine(
     onnx_path: Path,
     plan_path: Path,
-    profiles: Sequence[BucketProfile],
+    profiles: Sequence[Profile],
     config: EngineBuildConfig,
     precision: str,
     compute_capability: str,
@@ -110,11 +142,7 @@ def build_engine(
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = strongly_typed_flags(trt)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise BuildError(f"TensorRT could not parse {onnx_path}: {errors}")
+    network, _parser = _parse(trt, builder, flags, logger, onnx_path, profiles)  # the parser owns weights
     builder_config = builder.create_builder_config()
     builder_config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(config.workspace_gib * (1 << 30)))
     builder_config.builder_optimization_level = config.optimization_level
@@ -127,11 +155,7 @@ def build_engine(
         raise BuildError(
             f"TensorRT rejected the timing cache {config.timing_cache} (another GPU or version?)"
         )
-    for profile in profiles:
-        trt_profile = builder.create_optimization_profile()
-        for name, (low, opt, high) in profile.shapes().items():
-            trt_profile.set_shape(name, low, opt, high)
-        builder_config.add_optimization_profile(trt_profile)
+    add_profiles(builder, builder_config, profiles)
     log.info("building TensorRT %s engine: %d profiles, strongly typed", trt.__version__, len(profiles))
     serialized = builder.build_serialized_network(network, builder_config)
     if serialized is None:

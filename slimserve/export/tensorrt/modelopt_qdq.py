@@ -1,7 +1,8 @@
 """NVIDIA Model Optimizer ONNX PTQ: the scorer graph with Q/DQ nodes (INT8 or FP8), calibrated on real prompts.
 
-Calibration batches are real tokenized prompts padded to their length buckets, exactly the shapes the
-services send, so each profile's activation ranges are seen. The layers left unquantized are cast to
+Calibration feeds are real tokenized prompts laid out exactly as the services send them (single-sequence
+batches padded to their length buckets, or multi-item member requests), so each profile's activation
+ranges are seen. The layers left unquantized are cast to
 ``high_precision_dtype`` (FP16 by default): a strongly typed TensorRT build runs exactly these types.
 """
 
@@ -36,16 +37,14 @@ def _reader_base():
     return CalibrationDataReader
 
 
-def bucket_calibration_reader(sequences: Sequence[Sequence[int]], buckets, batch_size: int):
-    """An ONNX Runtime ``CalibrationDataReader`` over bucket-padded batches (what Model Optimizer takes)."""
-    feeds = [
-        {"input_ids": ids, "attention_mask": mask}
-        for _, ids, mask in padded_batches([list(s) for s in sequences], buckets, batch_size)
-    ]
+def feeds_calibration_reader(feeds: Sequence[dict]):
+    """An ONNX Runtime ``CalibrationDataReader`` over ready feeds (input name -> array), what Model
+    Optimizer takes: bucket-padded single-sequence batches or multi-item member requests."""
+    feeds = list(feeds)
     if not feeds:
         raise BuildError("calibration needs at least one prompt")
 
-    class BucketCalibrationReader(_reader_base()):
+    class FeedsCalibrationReader(_reader_base()):
         def __init__(self):
             self.rewind()
 
@@ -61,7 +60,20 @@ def bucket_calibration_reader(sequences: Sequence[Sequence[int]], buckets, batch
         def __len__(self):
             return len(feeds)
 
-    return BucketCalibrationReader()
+    return FeedsCalibrationReader()
+
+
+def bucket_feeds(sequences: Sequence[Sequence[int]], buckets, batch_size: int) -> list[dict]:
+    """Single-sequence calibration feeds: ``sequences`` padded to their buckets, in batches."""
+    return [
+        {"input_ids": ids, "attention_mask": mask}
+        for _, ids, mask in padded_batches([list(s) for s in sequences], buckets, batch_size)
+    ]
+
+
+def bucket_calibration_reader(sequences: Sequence[Sequence[int]], buckets, batch_size: int):
+    """A calibration reader over bucket-padded batches of ``sequences``."""
+    return feeds_calibration_reader(bucket_feeds(sequences, buckets, batch_size))
 
 
 def available_calibration_eps(provider: str) -> list[str]:
@@ -80,21 +92,36 @@ def quantize_qdq(
     sequences: Sequence[Sequence[int]],
     buckets,
     precision: str,
+    batch_size: int = 16,
+    **options,
+) -> Path:
+    """``quantize_qdq_feeds`` of the single-sequence graph, calibrated on ``sequences`` padded to
+    ``buckets`` in batches of ``batch_size``."""
+    return quantize_qdq_feeds(
+        fp32_onnx, output, bucket_feeds(sequences, buckets, batch_size), precision, **options
+    )
+
+
+def quantize_qdq_feeds(
+    fp32_onnx: Path,
+    output: Path,
+    feeds: Sequence[dict],
+    precision: str,
     calibration_method: str = "max",
     high_precision_dtype: str = "fp16",
     provider: str = "cuda",
-    batch_size: int = 16,
 ) -> Path:
-    """Write ``output``: ``fp32_onnx`` with Model Optimizer Q/DQ nodes of ``precision`` (int8 or fp8)."""
+    """Write ``output``: ``fp32_onnx`` with Model Optimizer Q/DQ nodes of ``precision`` (int8 or fp8),
+    calibrated on ``feeds`` (input name -> array, the shapes the service sends)."""
     if precision not in ("int8", "fp8"):
         raise BuildError(f"tensorrt.precision: Q/DQ supports int8 and fp8, got {precision!r}")
     quantize = modelopt_quantize_fn()
     fp32_onnx, output = Path(fp32_onnx), Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     external = bool(external_data_locations(fp32_onnx))
-    reader = bucket_calibration_reader(sequences, buckets, batch_size)
+    reader = feeds_calibration_reader(feeds)
     log.info(
-        "Model Optimizer %s Q/DQ: %d calibration batches (%s), unquantized layers in %s",
+        "Model Optimizer %s Q/DQ: %d calibration feeds (%s), unquantized layers in %s",
         precision,
         len(reader),
         calibration_method,

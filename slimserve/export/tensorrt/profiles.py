@@ -9,7 +9,7 @@ arrives, while any length up to the largest bucket still has a profile (perf_ana
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...bundle import TensorNames
@@ -43,6 +43,11 @@ class BucketProfile:
     def shapes(self) -> dict[str, tuple[Shape, Shape, Shape]]:
         """Input name -> (min, opt, max), as ``IOptimizationProfile.set_shape`` takes them."""
         return {name: (self.min_shape, self.opt_shape, self.max_shape) for name in self.inputs}
+
+    @property
+    def triton_max_batch(self) -> int:
+        """The Triton ``max_batch_size`` of a model built with these profiles (batch is Triton's axis)."""
+        return self.max_batch
 
     def holds(self, batch: int, length: int) -> bool:
         return 1 <= batch <= self.max_batch and self.min_length <= length <= self.bucket
@@ -123,6 +128,11 @@ class MultiItemProfile:
             names.item_mask: items,
         }
 
+    @property
+    def triton_max_batch(self) -> int:
+        """0: the members axis is explicit, Triton does not batch (one member per request)."""
+        return 0
+
     def holds(self, members: int, prefix: int, items: int, length: int) -> bool:
         return (
             1 <= members <= self.max_members
@@ -167,6 +177,57 @@ def multi_item_profiles(
         MultiItemProfile(index, bucket, low, prefix_max, opt_p, max_items, opt_n, max_members)
         for index, (bucket, low) in enumerate(zip(ordered, lows, strict=True))
     )
+
+
+def served_multi_item_profiles(
+    item_buckets: Sequence[int], prefix_max_tokens: int, item_max_tokens: int, max_items: int
+) -> tuple[MultiItemProfile, ...]:
+    """The profiles of the requests a scoring service sends for a layout (a recipe's ``publish`` or a
+    bundle): one member, up to ``max_items`` items, a prefix that holds a folded one-candidate call."""
+    return multi_item_profiles(item_buckets, prefix_max_tokens + item_max_tokens - 1, max_items)
+
+
+Profile = BucketProfile | MultiItemProfile
+
+
+def _within(shape: Sequence[int], low: Sequence[int], high: Sequence[int]) -> bool:
+    return len(shape) == len(low) and all(lo <= d <= hi for d, lo, hi in zip(shape, low, high, strict=True))
+
+
+def profile_for_shapes(profiles: Sequence[Profile], shapes: Mapping[str, Sequence[int]]) -> Profile:
+    """The profile whose min..max range holds every named input shape (rank included): the one a
+    request runs in. ``ValueError`` naming the shapes and the ranges when none does."""
+    for profile in profiles:
+        ranges = profile.shapes()
+        if all(
+            name in ranges and _within(shape, ranges[name][0], ranges[name][2])
+            for name, shape in shapes.items()
+        ):
+            return profile
+    described = "; ".join(
+        f"{p.index}: " + ", ".join(f"{n} {_dims(lo)}..{_dims(hi)}" for n, (lo, _, hi) in p.shapes().items())
+        for p in profiles
+    )
+    asked = ", ".join(f"{name} {_dims(shape)}" for name, shape in sorted(shapes.items()))
+    raise ValueError(f"shapes {asked} fit no optimization profile ({described})")
+
+
+def profile_input_problems(network_inputs: Mapping[str, int], profiles: Sequence[Profile]) -> list[str]:
+    """Disagreements between a network's inputs (name -> rank) and the profiles' shapes."""
+    problems = []
+    for profile in profiles:
+        shapes = profile.shapes()
+        for name in sorted(set(network_inputs) - set(shapes)):
+            problems.append(f"profile {profile.index} has no shape for network input {name!r}")
+        for name in sorted(set(shapes) - set(network_inputs)):
+            problems.append(f"profile {profile.index} names {name!r}, not an input of the network")
+        for name in sorted(set(shapes) & set(network_inputs)):
+            rank = len(shapes[name][0])
+            if rank != network_inputs[name]:
+                problems.append(
+                    f"profile {profile.index} gives {name!r} rank {rank}, the network {network_inputs[name]}"
+                )
+    return problems
 
 
 def _dims(shape: Sequence[int]) -> str:

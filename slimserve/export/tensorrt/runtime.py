@@ -1,12 +1,13 @@
-"""Run a TensorRT scorer engine from Python (parity gate and GPU checks): bucket batches in, scores out.
+"""Run a TensorRT scorer engine from Python (parity gate and GPU checks): named inputs in, scores out.
 
 Uses the TensorRT 10 name-based API (``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``),
-the same on 11.x, with torch CUDA tensors as device buffers. Each batch runs in the profile of its length.
+the same on 11.x, with torch CUDA tensors as device buffers. Each call runs in the profile whose ranges
+hold its input shapes: single-sequence batches by their length, multi-item requests by their item length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,16 +15,15 @@ import numpy as np
 from ...bundle import TensorNames
 from ...errors import BuildError
 from ...models.batching import padded_batches
+from ...scoring_tokens import multi_item_requests
 from .engine import import_tensorrt
-from .profiles import BucketProfile, profile_for
+from .profiles import Profile, profile_for_shapes
 
 
 class EngineScorer:
     """A deserialized engine and one execution context."""
 
-    def __init__(
-        self, plan_path: Path, profiles: Sequence[BucketProfile], tensors: TensorNames | None = None
-    ):
+    def __init__(self, plan_path: Path, profiles: Sequence[Profile], tensors: TensorNames | None = None):
         import torch
 
         if not torch.cuda.is_available():
@@ -46,27 +46,33 @@ class EngineScorer:
         self.tensors = tensors or TensorNames()
         self.stream = torch.cuda.Stream()
 
-    def score_batch(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """Scores [batch] of one padded batch."""
+    def run(self, feed: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The ``score`` output of one execution on ``feed`` (input name -> int64 array)."""
         torch = self._torch
-        batch, length = input_ids.shape
-        profile = profile_for(self.profiles, batch, length)
-        names = self.tensors
+        shapes = {name: tuple(array.shape) for name, array in feed.items()}
+        profile = profile_for_shapes(self.profiles, shapes)
         with torch.cuda.stream(self.stream):
-            ids = torch.from_numpy(np.ascontiguousarray(input_ids, dtype=np.int64)).cuda()
-            mask = torch.from_numpy(np.ascontiguousarray(attention_mask, dtype=np.int64)).cuda()
+            inputs = {
+                name: torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).cuda()
+                for name, array in feed.items()
+            }
             self.context.set_optimization_profile_async(profile.index, self.stream.cuda_stream)
-            for name, tensor in ((names.input_ids, ids), (names.attention_mask, mask)):
+            for name, tensor in inputs.items():
                 self.context.set_input_shape(name, tuple(tensor.shape))
                 self.context.set_tensor_address(name, tensor.data_ptr())
-            out = torch.empty(
-                tuple(self.context.get_tensor_shape(names.score)), dtype=torch.float32, device="cuda"
-            )
-            self.context.set_tensor_address(names.score, out.data_ptr())
+            score = self.tensors.score
+            out = torch.empty(tuple(self.context.get_tensor_shape(score)), dtype=torch.float32, device="cuda")
+            self.context.set_tensor_address(score, out.data_ptr())
             if not self.context.execute_async_v3(self.stream.cuda_stream):
-                raise BuildError(f"TensorRT execution failed for shape [{batch}, {length}]")
+                raise BuildError(f"TensorRT execution failed for input shapes {shapes}")
         self.stream.synchronize()
-        return out.cpu().numpy().reshape(batch)
+        return out.cpu().numpy()
+
+    def score_batch(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Scores [batch] of one padded single-sequence batch."""
+        names = self.tensors
+        out = self.run({names.input_ids: input_ids, names.attention_mask: attention_mask})
+        return out.reshape(input_ids.shape[0])
 
     def score(self, sequences: Sequence[Sequence[int]], buckets, batch_size: int | None = None) -> np.ndarray:
         """Scores of token sequences, padded to buckets and batched (default: the profiles' max batch)."""
@@ -75,3 +81,21 @@ class EngineScorer:
         for chunk, ids, mask in padded_batches([list(s) for s in sequences], buckets, batch_size):
             out[chunk] = self.score_batch(ids, mask)
         return out
+
+
+def multi_item_scores(
+    run: Callable[[dict[str, np.ndarray]], np.ndarray],
+    groups: Sequence,
+    count: int,
+    item_buckets: Sequence[int],
+    max_items: int,
+) -> np.ndarray:
+    """Scores of ``count`` examples given as member ``groups`` (``prefix``, ``items``, ``indices``), each
+    member's candidates sent as the scoring service sends them (one member per request) to ``run``
+    (``EngineScorer.run``: feed -> ``score`` [1, N]). Examples of no group stay NaN."""
+    out = np.full(count, np.nan, dtype=np.float64)
+    for group in groups:
+        indices = np.asarray(group.indices)
+        for request in multi_item_requests(group, item_buckets, max_items):
+            out[indices[list(request.indices)]] = np.asarray(run(request.feed())).reshape(-1)
+    return out

@@ -25,7 +25,7 @@ from ..triton_config import (
     TritonModelSpec,
     WarmupSpec,
 )
-from .profiles import BucketProfile, MultiItemProfile, profile_for
+from .profiles import BucketProfile, MultiItemProfile, Profile, profile_for_shapes
 
 PLATFORM = "tensorrt_plan"
 WARMUP_DIR = "warmup"
@@ -118,13 +118,15 @@ def write_warmup_files(model_dir: Path, profiles: Sequence[BucketProfile]) -> li
     return written
 
 
-def check_plan_config(cfg: ModelConfig, profiles: Sequence[BucketProfile], plan_files: Sequence[str]) -> None:
-    """The config agrees with the engines' profiles; raise ``ValueError`` listing every disagreement."""
+def check_plan_config(cfg: ModelConfig, profiles: Sequence[Profile], plan_files: Sequence[str]) -> None:
+    """The config agrees with the engines' profiles (single-sequence or multi-item); raise
+    ``ValueError`` listing every disagreement."""
     problems = []
     if cfg.platform != PLATFORM:
         problems.append(f"platform is {cfg.platform!r}, expected {PLATFORM!r}")
-    if cfg.max_batch_size != profiles[0].max_batch:
-        problems.append(f"max_batch_size {cfg.max_batch_size} != profiles' max batch {profiles[0].max_batch}")
+    expected_batch = profiles[0].triton_max_batch
+    if cfg.max_batch_size != expected_batch:
+        problems.append(f"max_batch_size {cfg.max_batch_size} != profiles' max batch {expected_batch}")
     if cfg.default_model_filename:
         problems.append("default_model_filename is set: a GPU without its own engine would load another's")
     missing = sorted(set(cfg.cc_model_filenames.values()) - set(plan_files))
@@ -135,11 +137,12 @@ def check_plan_config(cfg: ModelConfig, profiles: Sequence[BucketProfile], plan_
         if unknown:
             problems.append(f"instance_group uses profiles {unknown} the engine does not have")
     for warmup in cfg.model_warmup:
-        for name, entry in warmup.inputs.items():
-            try:
-                profile_for(profiles, warmup.batch_size, entry.dims[-1])
-            except ValueError as exc:
-                problems.append(f"warmup {warmup.name!r} input {name!r}: {exc}")
+        batch = (warmup.batch_size,) if cfg.max_batch_size > 0 else ()
+        shapes = {name: batch + tuple(entry.dims) for name, entry in warmup.inputs.items()}
+        try:
+            profile_for_shapes(profiles, shapes)
+        except ValueError as exc:
+            problems.append(f"warmup {warmup.name!r}: {exc}")
     if problems:
         raise ValueError(f"TensorRT config of model {cfg.name!r}: " + "; ".join(problems))
 
