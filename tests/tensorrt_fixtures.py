@@ -57,3 +57,23 @@ def torch_scores(model, tokenizer_file: Path, sequences: list[list[int]]) -> tor
             ids, mask = pad_batch([sequence], len(sequence))
             out.append(graph(torch.from_numpy(ids), torch.from_numpy(mask)).ravel())
     return torch.cat(out)
+
+
+def multi_item_groups(bundle_dir: Path, sizes: list[int], seed: int = 4) -> list:
+    """Member groups (``prefix``, ``items``, ``indices``) of real split prompts in a multi-item bundle's
+    layout: the example member against ``sizes[i]`` candidates each, examples numbered in order."""
+    from slimserve.bundle import TOKENIZER_FILE, load_bundle
+    from slimserve.compression.batches import MemberGroup
+    from slimserve.scoring_tokens import encode_scoring
+
+    bundle = load_bundle(bundle_dir)
+    tokenizer = PromptTokenizer(bundle_dir / TOKENIZER_FILE, bundle.max_length)
+    groups, start = [], 0
+    for number, size in enumerate(sizes):
+        items = example_candidates(size, seed=seed + number)
+        tokens = encode_scoring(
+            tokenizer, EXAMPLE_MEMBER, items, bundle.prompt_split, bundle.prompt_template_version
+        )
+        groups.append(MemberGroup(tokens.prefix, tokens.items, np.arange(start, start + size)))
+        start += size
+    return groups

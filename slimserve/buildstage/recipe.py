@@ -174,12 +174,6 @@ class Recipe(Settings):
         publish = info.data.get("publish")
         if info.data.get("target") == "tensorrt" and publish is not None:
             check_profiles_fit(value, publish.length_buckets, publish.max_batch_size)
-            if publish.scoring_mode != "single":
-                # The engine stage builds and gates the single-sequence engine; the multi-item profiles
-                # and config exist (docs/multi-item.md) but are not wired into it yet.
-                raise ValueError(
-                    "target tensorrt serves the single-sequence engine for now: set publish.scoring_mode: single"
-                )
         return value
 
     def resolved_work_dir(self) -> Path:

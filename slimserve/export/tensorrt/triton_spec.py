@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from ...bundle import TensorNames
 from ..triton_config import (
@@ -204,3 +205,31 @@ def tensorrt_multi_item_scorer_spec(
         parameters={**(parameters or {}), PROFILES_PARAMETER: described},
         cc_model_filenames=dict(cc_model_filenames),
     )
+
+
+def request_problems(cfg: ModelConfig, inputs: Mapping[str, tuple[str, Sequence[int]]]) -> list[str]:
+    """What a request gets wrong against a model's config: ``inputs`` maps each sent tensor's name to
+    its (tritonclient data type such as ``INT64``, shape). Checks names (none unknown, none missing),
+    data types, ranks and fixed dims, with the batch axis (<= ``max_batch_size``) only when it is > 0."""
+    problems = []
+    declared = {tensor.name: tensor for tensor in cfg.input}
+    problems += [f"input {name!r} is not declared" for name in sorted(set(inputs) - set(declared))]
+    problems += [f"input {name!r} is not sent" for name in sorted(set(declared) - set(inputs))]
+    batched = cfg.max_batch_size > 0
+    for name in sorted(set(inputs) & set(declared)):
+        datatype, shape = inputs[name]
+        tensor = declared[name]
+        expected_type = mc.DataType.Name(tensor.data_type)
+        if f"TYPE_{datatype}" != expected_type:
+            problems.append(f"input {name!r} is sent as {datatype}, declared {expected_type}")
+        dims = list(shape[1:] if batched else shape)
+        if batched and not 1 <= shape[0] <= cfg.max_batch_size:
+            problems.append(f"input {name!r}: batch {shape[0]} outside [1, {cfg.max_batch_size}]")
+        if len(dims) != len(tensor.dims) or any(
+            d not in (-1, s) for d, s in zip(tensor.dims, dims, strict=False)
+        ):
+            problems.append(
+                f"input {name!r}: shape {list(shape)} does not fit dims {list(tensor.dims)}"
+                + (" after the batch axis" if batched else " (no batch axis)")
+            )
+    return problems
