@@ -210,3 +210,85 @@ def test_auto_on_cuda_reads_the_gpu_and_its_autocast_leaves_cpu_operations_alone
     layer = torch.nn.Linear(8, 4)
     with precision.using("bf16", "cuda"), precision.compute():
         assert layer(torch.randn(2, 8)).dtype == torch.float32  # a CPU operation: not autocast
+
+
+def test_a_decoding_copy_runs_the_decoder_in_bf16_its_lm_head_fp32_and_leaves_the_model_alone():
+    from slimserve.models.teacher import load_teacher
+
+    model = load_teacher("tiny", seed=3).model.eval()
+    assert precision.decoding_copy(model, "fp32") is model
+    copy = precision.decoding_copy(model, "bf16")
+    assert copy is not model and not copy.training
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
+    assert {p.dtype for p in copy.get_decoder().layers.parameters()} == {torch.bfloat16}
+    assert copy.get_output_embeddings().weight is model.get_output_embeddings().weight  # FP32, shared
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        reference, logits = model(input_ids=ids).logits, copy(input_ids=ids).logits
+    assert logits.dtype == torch.float32
+    difference = float((logits - reference).abs().max())
+    assert 0 < difference < 0.1  # the decoder ran at BF16: close, not equal
+
+
+def test_generation_precision_reaches_every_generation_and_reruns_the_generator_stages(monkeypatch):
+    """``generator.generation_precision`` decodes on a BF16 copy (the model itself stays FP32); bf16
+    re-runs every generator stage, fp32 writes no key (old builds keep their stage ids)."""
+    from slimserve.buildstage.generator_stages import GENERATOR_STAGES
+    from slimserve.compression.generator_data import Sampling, generate
+    from slimserve.models.teacher import load_teacher
+
+    fp32 = load_recipe("tiny")
+    assert fp32.generator.generation_precision == "fp32"
+    bf16 = load_recipe("tiny", overrides={"generator": {"generation_precision": "bf16"}})
+    assert all("generation_precision" not in stage_config(fp32, s) for s in GENERATOR_STAGES)
+    rerun = [s for s in GENERATOR_STAGES if stage_config(bf16, s) != stage_config(fp32, s)]
+    assert rerun == list(GENERATOR_STAGES)
+    with pytest.raises(ConfigError, match="generation_precision"):
+        load_recipe("tiny", overrides={"generator": {"generation_precision": "fp16"}})
+    assert load_recipe("cpu").generator.generation_precision == "auto"
+
+    model = load_teacher("tiny", seed=3).model.eval()
+    decoders = []
+    original = precision.decoding_copy
+    monkeypatch.setattr(
+        "slimserve.compression.generator_data.decoding_copy",
+        lambda m, setting: decoders.append(original(m, setting)) or decoders[-1],
+    )
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    out = generate(model, prompts, Sampling(6, precision="bf16"), [2], top_k=4)
+    assert len(decoders) == 1 and decoders[0] is not model
+    assert {p.dtype for p in decoders[0].get_decoder().parameters()} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(1 <= len(r) <= 6 for r in out.responses) and out.topk_logprobs.dtype == "float32"
+    assert generate(model, prompts, Sampling(6), [2]).responses and decoders[-1] is model  # fp32: itself
+
+
+def test_stage_b_samples_and_takes_its_targets_at_the_generation_precision(monkeypatch):
+    """Stage (b) at ``generation_precision`` bf16: the student's samples and the teacher's targets come
+    from BF16 decoder copies; both models stay FP32 and the student still learns."""
+    from slimserve.compression import generator_data, generator_distill
+    from slimserve.compression.generator_data import Generated, Sampling, TeacherText
+    from slimserve.compression.generator_distill import OnPolicySettings, distill_onpolicy
+    from slimserve.models.teacher import load_teacher
+
+    teacher = load_teacher("tiny", seed=3).model.eval()
+    student = load_teacher("tiny", seed=4).model.eval()
+    copied = []
+    original = precision.decoding_copy
+
+    def recording_copy(model, setting):
+        copied.append((model, setting))
+        return original(model, setting)
+
+    monkeypatch.setattr(generator_distill.precision, "decoding_copy", recording_copy)
+    monkeypatch.setattr(generator_data, "decoding_copy", recording_copy)
+    text = TeacherText(["a", "b"], [[5, 6, 7], [8, 9, 10, 11]], Generated([[12, 13], [14]]))
+    before = [p.detach().clone() for p in student.parameters()]
+    settings = OnPolicySettings(Sampling(4, 0.85, precision="bf16"), share=1.0, top_k=4, end_ids=[2])
+    report, record = distill_onpolicy(
+        student, teacher, text, settings, TrainConfig(epochs=1, batch_size=2, lr=1e-2)
+    )
+    assert report.steps == 1 and record.batches == 1
+    assert copied[0] == (teacher, "bf16") and (student, "bf16") in copied  # targets and samples
+    assert all(p.dtype == torch.float32 for p in (*teacher.parameters(), *student.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, student.parameters(), strict=True))

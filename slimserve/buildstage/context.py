@@ -59,7 +59,7 @@ def _generator_base(recipe: Recipe) -> dict:
     from ..prompts import EXPLAIN_TEMPLATE_VERSION
 
     g = recipe.generator
-    return {
+    base = {
         "data": _dump(recipe.data),
         "prompt_template": EXPLAIN_TEMPLATE_VERSION,
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
@@ -67,6 +67,9 @@ def _generator_base(recipe: Recipe) -> dict:
         "evaluation": _dump(g.evaluation),
         "finetune": _generator_training(recipe, g.finetune) if g.finetune.enabled else {"enabled": False},
     }
+    generation = _on_this_machine(g.generation_precision, g.resolved_device())
+    # FP32 generation keeps the stage ids of builds made before the setting existed
+    return base if generation == "fp32" else {**base, "generation_precision": generation}
 
 
 # Teacher-text settings that choose the distillation prompts: the fine-tune reads none of them.

@@ -22,7 +22,8 @@ def _precision_field():
         description="Matrix products of the training passes: fp32, bf16 (autocast; FP32 weights, optimizer, "
         "LM head and loss) or auto (bf16 where the generator's device has BF16 units: AMX tiles or AVX-512 "
         "BF16 on the CPU, compute capability 8.0 or later on CUDA; else fp32). Text "
-        "generation, the teacher's targets and every evaluation are FP32 (README, Precision).",
+        "generation is at generation_precision; the teacher-forced targets and evaluations are FP32 (README, "
+        "Precision).",
     )
 
 
@@ -210,6 +211,13 @@ class GeneratorSettings(_Strict):
         "pruning runs on the CPU",
     )
 
+    generation_precision: Precision = Field(
+        "fp32",
+        description="Decoder weights of every text generation pass (the teacher's answers and text, the "
+        "models' held-out samples and explanations, the student's samples in (b)): fp32, bf16 (a BF16 copy "
+        "of the decoder, the LM head and the log-probs FP32) or auto (bf16 where the generator's device has "
+        "BF16 units, as for the training precisions)",
+    )
     finetune: TeacherFinetuneSettings = Field(default_factory=TeacherFinetuneSettings)
     teacher_text: TeacherTextSettings = Field(default_factory=TeacherTextSettings)
     student: GeneratorStudentSettings = Field(default_factory=GeneratorStudentSettings)

@@ -133,7 +133,7 @@ def _explain(ctx: GeneratorContext, examples: list, label: str, model, out: Path
         generated = generate(
             model,
             prompts,
-            Sampling(settings.evaluation.max_new_tokens),
+            Sampling(settings.evaluation.max_new_tokens, precision=settings.generation_precision),
             ctx.end_ids,
             settings.teacher_text.batch_size,
             progress=bar.update,
@@ -176,7 +176,10 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
         row.kl_own_samples = 0.0
     else:
         sampling = Sampling(
-            settings.max_new_tokens, settings.sample_temperature, seed=ctx.settings.teacher_text.seed
+            settings.max_new_tokens,
+            settings.sample_temperature,
+            seed=ctx.settings.teacher_text.seed,
+            precision=ctx.settings.generation_precision,
         )
         with progress_bar(len(heldout.prompts), f"evaluate {stage} on own samples") as bar:
             own, samples = evaluate_own_samples(
@@ -230,7 +233,7 @@ def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[
     instructions = general_instructions(settings.general_examples, settings.seed)
     if instructions:
         general = chat_prompts(instructions, ctx.tokenizer_file, max_prompt)
-        sampling = Sampling(settings.general_max_new_tokens)
+        sampling = Sampling(settings.general_max_new_tokens, precision=ctx.settings.generation_precision)
         with progress_bar(len(general), "teacher answers free instructions") as bar:
             generated = generate(
                 teacher,
@@ -285,7 +288,12 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     from ..data.renaming import with_renamed_share
 
     settings = ctx.settings.teacher_text
-    sampling = Sampling(settings.max_new_tokens, settings.temperature, seed=settings.seed)
+    sampling = Sampling(
+        settings.max_new_tokens,
+        settings.temperature,
+        seed=settings.seed,
+        precision=ctx.settings.generation_precision,
+    )
     for name, split, count, top_k in (
         ("train", "train", settings.prompts, settings.top_k),
         ("heldout", "test", settings.heldout_prompts, None),
@@ -362,7 +370,12 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     student = ctx.load_student("gen_offpolicy")
     text = ctx.text("train")
     policy = OnPolicySettings(
-        Sampling(settings.max_new_tokens, settings.temperature, settings.top_p),
+        Sampling(
+            settings.max_new_tokens,
+            settings.temperature,
+            settings.top_p,
+            precision=ctx.settings.generation_precision,
+        ),
         settings.share,
         ctx.settings.teacher_text.top_k,
         ctx.end_ids,

@@ -4,7 +4,9 @@ Prompts are ``render_chat_prompt(render_explain_request(member, item))`` tokeniz
 tokens, as the served generator sees them. ``generate`` runs Hugging Face ``generate`` on left-padded,
 length-sorted batches (the KV cache makes each new token one step); with ``top_k`` it also keeps the
 model's ``top_k`` log-probabilities at every generated position: the teacher's targets for off-policy
-distillation come from the generation pass itself, at no extra cost.
+distillation come from the generation pass itself, at no extra cost. ``Sampling.precision`` bf16 runs
+the decoder on a BF16 copy of the weights (``precision.decoding_copy``; the LM head and the log-probs
+stay FP32).
 """
 
 from __future__ import annotations
@@ -17,17 +19,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .precision import Precision, decoding_copy
+
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How continuations are drawn: greedy when ``temperature`` is 0."""
+    """How continuations are drawn: greedy when ``temperature`` is 0; the decoder's weights at
+    ``precision`` (resolved on the model's device; ``precision.decoding_copy``)."""
 
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    precision: Precision = "fp32"
 
 
 def chat_prompts(user_texts: Sequence[str], tokenizer_file: Path, max_tokens: int) -> list[list[int]]:
@@ -157,12 +163,13 @@ def generate(
     topk: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(prompts)
     was_training = model.training
     model.eval()
+    decoder = decoding_copy(model, sampling.precision)
     try:
         for number, start in enumerate(range(0, len(order), batch_size)):
             chunk = order[start : start + batch_size]
             ids, mask = pad_left([prompts[i] for i in chunk], end_ids[-1])
             torch.manual_seed(sampling.seed * 100_003 + number)
-            out = model.generate(
+            out = decoder.generate(
                 input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
             )
             new = out.sequences[:, ids.shape[1] :].cpu()

@@ -203,9 +203,11 @@ def distill_onpolicy(
     """Stage (b): on a ``settings.share`` of the micro-batches the student samples continuations of the
     prompts (``settings.sampling``) and learns the teacher's distribution on them; the other micro-batches
     are teacher text as in stage (a). The student's training forward runs at ``precision_setting``; its
-    sampling and the teacher's targets are FP32."""
+    sampling and the teacher's targets at ``settings.sampling.precision`` (the decoder's weights; the
+    LM heads FP32), like the teacher's targets of stage (a), which come from its text's generation."""
     lengths = _lengths(text)
     record = OnPolicyLog()
+    teacher = precision.decoding_copy(teacher.eval(), settings.sampling.precision)
 
     def loss_fn(payload) -> torch.Tensor:
         kind, indices, seed = payload
@@ -221,7 +223,6 @@ def distill_onpolicy(
         student_logprobs = response_logprobs(student, batch, training=True)
         return sparse_forward_kl(student_logprobs, values.to(student.device), ids.to(student.device)).mean()
 
-    teacher.eval()
     report = _run(
         student,
         lambda epoch: _onpolicy_plan(lengths, config, settings.share, epoch),

@@ -6,7 +6,8 @@ cache and top-layer fine-tune, ``student.distill.precision`` and ``prune.redisti
 students' distillations, ``generator.finetune/offpolicy/onpolicy.precision`` for the generator's) around
 passes whose forward runs inside ``compute()``. Autocast keeps the
 weights, the optimizer state and the loss in FP32 and runs the matrix products in BF16. Evaluations,
-soft labels, layer selection, pruning's calibration and every exported graph stay FP32.
+soft labels, layer selection, pruning's calibration and every exported graph stay FP32. Text generation
+has its own setting (``generator.generation_precision``): ``decoding_copy`` gives the model that decodes.
 
 ``auto`` picks BF16 only where the device has BF16 units: on a CUDA GPU compute capability 8.0 and
 later (the generator's stages with ``generator.device`` cuda); on the CPU Intel AMX tiles, or AVX-512
@@ -19,6 +20,7 @@ converted in software and can be slower than FP32, so ``auto`` stays FP32 there.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 from typing import Literal
@@ -95,3 +97,22 @@ def compute() -> Iterator[None]:
     device, dtype = _autocast
     with torch.autocast(device, dtype=dtype):
         yield
+
+
+def decoding_copy(model, setting: Precision = "fp32"):
+    """The model that generates text for ``model`` at ``setting`` (resolved on its device): ``model``
+    itself at FP32; at BF16 a copy whose decoder holds BF16 weights while its LM head stays FP32 on the
+    original weight (a BF16 logit's rounding, about 0.06 at 16, would reorder near-ties and blur the
+    teacher's top-k targets). Autocast would cast every weight at every step; a copy casts them once."""
+    if resolve(setting, model.device.type) == "fp32":
+        return model
+    head = model.get_output_embeddings()
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    fp32_head = torch.nn.Linear(head.in_features, head.out_features, bias=False, device=model.device)
+    fp32_head.weight = head.weight  # shared, not copied: the copy lives for one generation pass
+    if head.bias is not None:
+        fp32_head.bias = head.bias
+    fp32_head.register_forward_pre_hook(lambda _module, args: (args[0].float(), *args[1:]))
+    bf16.set_output_embeddings(fp32_head)
+    bf16.config.tie_word_embeddings = False
+    return bf16.eval()
