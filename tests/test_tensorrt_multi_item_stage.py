@@ -23,6 +23,7 @@ from slimserve.buildstage.tensorrt_stage import (
     held_groups,
     multi_item_parity,
     publish_tensorrt,
+    qdq_high_precision,
     recipe_profiles,
 )
 from slimserve.bundle import TOKENIZER_FILE, bundle_dir_for, load_bundle
@@ -72,6 +73,14 @@ def test_multi_item_stage_has_its_own_id_and_engine_key(tmp_path):
     stricter.gates.multi_item_spearman = 0.99
     assert engines_dir(stricter, engine_config(stricter)) == key  # a gate re-runs the stage only
     assert engine_stage(stricter, CC)[1] != config
+
+
+def test_multi_item_graph_keeps_unquantized_layers_out_of_fp16(tmp_path):
+    assert qdq_high_precision(_recipe(tmp_path)) == "fp32"
+    assert qdq_high_precision(_recipe(tmp_path, "single")) == "fp16"
+    bf16 = _recipe(tmp_path)
+    bf16.tensorrt.high_precision_dtype = "bf16"
+    assert qdq_high_precision(bf16) == "fp32"
 
 
 def test_multi_item_profiles_hold_a_folded_one_candidate_call(tmp_path):

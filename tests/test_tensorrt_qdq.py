@@ -89,3 +89,47 @@ def test_fp8_qdq_graph_uses_float8(fp32_graph, tmp_path):
     _, _, _, summary = _quantized(fp32_graph, tmp_path, "fp8", 12)
     assert summary["QuantizeLinear"] > 10
     assert any(k.startswith("zero_point_float8") for k in summary), summary
+
+
+def test_multi_item_int8_qdq_graph_calibrated_on_member_requests(tiny_multi_item_repository, tmp_path):
+    """The multi-item graph through Model Optimizer on the feeds the GPU stage gives it (member
+    requests, as the service sends them), run in ONNX Runtime against the FP32 multi-item graph."""
+    pytest.importorskip(
+        "modelopt.onnx.quantization",
+        reason="nvidia-modelopt (ONNX PTQ) is not installed: pip install 'slimserve[gpu]'",
+    )
+    from slimserve.bundle import bundle_dir_for, load_bundle
+    from slimserve.evaluation.throughput import scorer_session
+    from slimserve.export.tensorrt.modelopt_qdq import qdq_summary, quantize_qdq_feeds
+    from slimserve.export.tensorrt.runtime import multi_item_scores
+    from slimserve.scoring_tokens import multi_item_requests
+    from tests.tensorrt_fixtures import multi_item_groups
+
+    bundle_dir = bundle_dir_for(tiny_multi_item_repository, "scorer")
+    bundle = load_bundle(bundle_dir)
+    layout = (bundle.item_length_buckets, bundle.max_items_per_request)
+    feeds = [
+        r.feed() for g in multi_item_groups(bundle_dir, [6, 1, 8, 3]) for r in multi_item_requests(g, *layout)
+    ]
+    fp32 = bundle_dir.parent / "model.onnx"
+    # unquantized layers in FP32, as the stage keeps them for this graph (its masks overflow FP16)
+    qdq = quantize_qdq_feeds(
+        fp32, tmp_path / "qdq" / "model.onnx", feeds, "int8", high_precision_dtype="fp32", provider="cpu"
+    )
+    summary = qdq_summary(qdq)
+    assert summary["QuantizeLinear"] > 10 and summary["DequantizeLinear"] >= summary["QuantizeLinear"]
+    graph = onnx.load(str(qdq))
+    assert [i.name for i in graph.graph.input] == ["prefix_ids", "prefix_mask", "item_ids", "item_mask"]
+    held = multi_item_groups(bundle_dir, [8] * 6, seed=40)
+
+    def scores(path):
+        session, _ = scorer_session(path)
+        return multi_item_scores(lambda feed: session.run(None, feed)[0], held, 48, *layout)
+
+    reference, quantized = scores(fp32), scores(qdq)
+    assert not np.allclose(reference, quantized, atol=1e-6)
+    loose = ParityThresholds(
+        min_pearson=0.98, min_spearman=0.95, min_pairwise_agreement=0.85, min_topk_overlap=0.6
+    )
+    report = engine_parity(reference, quantized, loose, groups_of(48))
+    assert report.passed, report.as_dict()
