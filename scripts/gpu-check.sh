@@ -6,11 +6,17 @@
 # or any venv with slimserve[dev] plus TensorRT's Python bindings. Steps:
 #   env        GPU, driver, compute capability, TensorRT / Model Optimizer / torch versions
 #   cpu-tests  tests/test_tensorrt.py tests/test_tensorrt_qdq.py tests/test_tensorrt_multi_item.py
-#              (profiles, configs, gate, Q/DQ graphs; the multi-item profiles and config)
-#   gpu-tests  tests/test_tensorrt_gpu.py (engines built, run, gated; a skip here counts as a failure)
+#              tests/test_tensorrt_multi_item_stage.py (profiles, configs, gate, Q/DQ graphs; the
+#              multi-item profiles, config, stage, publish and the service's requests against the config)
+#   gpu-tests  tests/test_tensorrt_gpu.py (single-sequence and multi-item engines built, run, gated;
+#              a skip here counts as a failure)
 #   build      slimserve build --recipe tiny-gpu (Q/DQ, engine, parity gate, tensorrt_plan publish)
 #   triton     the published repository served by Triton 24.10 (local tritonserver or the
 #              tritonserver:24.10-py3 image via docker/podman), scores compared with the engine's
+#   build-multi-item, triton-multi-item
+#              the same with publish.scoring_mode: multi_item (the multi-item engine: Q/DQ on member
+#              requests, profiles per item-length bucket, gated per member against the multi-item ONNX
+#              graph; served one member per request as the scoring service sends them)
 # Options (environment): OUT (default build_output/gpu-check), PYTHON (default: .venv/bin/python if
 # present, else python3), TRITON_IMAGE (default nvcr.io/nvidia/tritonserver:24.10-py3).
 set -uo pipefail
@@ -71,7 +77,7 @@ if step_env >"$OUT/env.txt" 2>&1; then record env PASS "$(head -1 "$OUT/env.txt"
 cat "$OUT/env.txt"
 
 if pytest_step cpu-tests "$OUT/cpu-tests.xml" tests/test_tensorrt.py tests/test_tensorrt_qdq.py \
-  tests/test_tensorrt_multi_item.py; then
+  tests/test_tensorrt_multi_item.py tests/test_tensorrt_multi_item_stage.py; then
   record cpu-tests PASS "$LAST_NOTE"
 else
   record cpu-tests FAIL "$LAST_NOTE"
@@ -83,30 +89,50 @@ else
   record gpu-tests FAIL "$LAST_NOTE (skip reasons: the -rs lines above)"
 fi
 
-repo="$OUT/model_repository"
-rm -rf "$repo"
-if "$PYTHON" -m slimserve.cli build --recipe tiny-gpu --work-dir "$OUT/work" --model-repository "$repo" --restart \
-    >"$OUT/build.log" 2>&1; then
-  parity="$(find "$OUT/work" -name tensorrt.json -path '*tensorrt_sm*' | head -1)"
-  summary="$("$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['parity']; e=d['engine']; print(f\"{e['precision']} sm{e['compute_capability']} TensorRT {e['tensorrt_version']}: pearson {p['pearson']:.4f} spearman {p['spearman']:.4f} pairs {p['pairwise_agreement']:.4f} top-k {p['topk_overlap']:.3f}\")" "$parity")"
-  record build PASS "($summary)"
-  grep -E "platform|cc_model_filenames|profile" "$repo"/scorer/config.pbtxt | head -8
-else
-  record build FAIL "(see $OUT/build.log)"
-  tail -20 "$OUT/build.log"
-fi
+multi_item_recipe() {  # tiny-gpu with publish.scoring_mode: multi_item (the recipe files stay single)
+  "$PYTHON" - "$1" <<'PY'
+import sys, yaml
+from slimserve.buildstage.recipe import RECIPES_DIR
+recipe = yaml.safe_load((RECIPES_DIR / "tiny-gpu.yaml").read_text())
+recipe["name"] = "tiny-gpu-multi-item"
+recipe["publish"]["scoring_mode"] = "multi_item"
+open(sys.argv[1], "w").write(yaml.safe_dump(recipe))
+PY
+}
 
-if [[ -f "$repo/scorer/config.pbtxt" ]]; then
-  "$PYTHON" scripts/gpu_check_triton.py "$repo" --image "$TRITON_IMAGE" >"$OUT/triton.log" 2>&1
-  rc=$?
-  tail -5 "$OUT/triton.log"
-  case $rc in
-    0) record triton PASS "($(grep -m1 'max |diff|' "$OUT/triton.log"))" ;;
-    3) record triton SKIP "($(grep -m1 SKIP "$OUT/triton.log"))" ;;
-    *) record triton FAIL "(see $OUT/triton.log)" ;;
-  esac
+build_and_serve() {  # step suffix, recipe; records build<suffix> and triton<suffix>
+  local suffix="$1" recipe="$2" work="$OUT/work$1" repo="$OUT/model_repository$1"
+  rm -rf "$repo"
+  if "$PYTHON" -m slimserve.cli build --recipe "$recipe" --work-dir "$work" --model-repository "$repo" --restart \
+      >"$OUT/build$suffix.log" 2>&1; then
+    local parity summary
+    parity="$(find "$work" -name tensorrt.json -path '*tensorrt_*sm*' | head -1)"
+    summary="$("$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['parity']; e=d['engine']; g=d.get('multi_item_gate'); print(f\"{d.get('layout', 'single')} {e['precision']} sm{e['compute_capability']} TensorRT {e['tensorrt_version']}: pearson {p['pearson']:.4f} spearman {p['spearman']:.4f} pairs {p['pairwise_agreement']:.4f} top-k {p['topk_overlap']:.3f}\" + (f\" AUC gap {g['auc_gap']:.4f}\" if g else ''))" "$parity")"
+    record "build$suffix" PASS "($summary)"
+    grep -E "platform|max_batch_size|cc_model_filenames|profile" "$repo"/scorer/config.pbtxt | head -8
+  else
+    record "build$suffix" FAIL "(see $OUT/build$suffix.log)"
+    tail -20 "$OUT/build$suffix.log"
+  fi
+  if [[ -f "$repo/scorer/config.pbtxt" ]]; then
+    "$PYTHON" scripts/gpu_check_triton.py "$repo" --image "$TRITON_IMAGE" >"$OUT/triton$suffix.log" 2>&1
+    local rc=$?
+    tail -5 "$OUT/triton$suffix.log"
+    case $rc in
+      0) record "triton$suffix" PASS "($(grep -m1 'max |diff|' "$OUT/triton$suffix.log"))" ;;
+      3) record "triton$suffix" SKIP "($(grep -m1 SKIP "$OUT/triton$suffix.log"))" ;;
+      *) record "triton$suffix" FAIL "(see $OUT/triton$suffix.log)" ;;
+    esac
+  else
+    record "triton$suffix" SKIP "(nothing published)"
+  fi
+}
+
+build_and_serve "" tiny-gpu
+if multi_item_recipe "$OUT/tiny-gpu-multi-item.yaml" >"$OUT/multi-item-recipe.log" 2>&1; then
+  build_and_serve "-multi-item" "$OUT/tiny-gpu-multi-item.yaml"
 else
-  record triton SKIP "(nothing published)"
+  record build-multi-item FAIL "(could not write the recipe: $OUT/multi-item-recipe.log)"
 fi
 
 echo

@@ -93,3 +93,43 @@ def test_rebuild_reads_the_timing_cache_and_every_bucket_shape_runs(tiny_graphs,
             ids = np.zeros((batch, bucket), dtype=np.int64)
             mask = np.ones((batch, bucket), dtype=np.int64)
             assert np.isfinite(scorer.score_batch(ids, mask)).all()
+
+
+def test_multi_item_engine_matches_the_multi_item_onnx_graph(tiny_multi_item_repository, tmp_path):
+    """The multi-item engine: Q/DQ on member requests, one profile per item-length bucket, each request
+    run in its profile, scores per member against the FP32 multi-item graph."""
+    from slimserve.bundle import bundle_dir_for, load_bundle
+    from slimserve.evaluation.throughput import scorer_session
+    from slimserve.export.tensorrt.modelopt_qdq import quantize_qdq_feeds
+    from slimserve.export.tensorrt.profiles import served_multi_item_profiles
+    from slimserve.export.tensorrt.runtime import multi_item_scores
+    from slimserve.scoring_tokens import multi_item_requests
+    from tests.tensorrt_fixtures import multi_item_groups
+
+    bundle_dir = bundle_dir_for(tiny_multi_item_repository, "scorer")
+    bundle = load_bundle(bundle_dir)
+    layout = (bundle.item_length_buckets, bundle.max_items_per_request)
+    feeds = [
+        r.feed() for g in multi_item_groups(bundle_dir, [6, 1, 8, 3]) for r in multi_item_requests(g, *layout)
+    ]
+    fp32 = bundle_dir.parent / "model.onnx"
+    qdq = quantize_qdq_feeds(
+        fp32, tmp_path / "qdq" / "model.onnx", feeds, "int8", high_precision_dtype="fp32"
+    )
+    split = bundle.prompt_split
+    profiles = served_multi_item_profiles(
+        *layout[:1], split.prefix_max_tokens, split.item_max_tokens, layout[1]
+    )
+    cc = compute_capability()
+    plan = tmp_path / "plans" / plan_filename(cc)
+    info = build_engine(qdq, plan, profiles, EngineBuildConfig(workspace_gib=2), "int8", cc_key(cc))
+    assert len(info.profiles) == len(profiles) and "item_ids" in info.profiles[0]
+    held = multi_item_groups(bundle_dir, [1, 8, 8, 3, 8, 8, 8, 4], seed=40)
+    session, _ = scorer_session(fp32)
+    reference = multi_item_scores(lambda feed: session.run(None, feed)[0], held, 48, *layout)
+    engine = multi_item_scores(EngineScorer(plan, profiles).run, held, 48, *layout)
+    loose = ParityThresholds(
+        min_pearson=0.97, min_spearman=0.97, min_pairwise_agreement=0.9, min_topk_overlap=0.8
+    )
+    report = engine_parity(reference, engine, loose, groups_of(48))
+    assert report.passed, report.as_dict()
