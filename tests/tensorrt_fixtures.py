@@ -77,3 +77,22 @@ def multi_item_groups(bundle_dir: Path, sizes: list[int], seed: int = 4) -> list
         groups.append(MemberGroup(tokens.prefix, tokens.items, np.arange(start, start + size)))
         start += size
     return groups
+
+
+def multi_item_qdq(repository: Path, directory: Path, provider: str = "cuda"):
+    """(bundle, FP32 multi-item graph, its INT8 Q/DQ graph) of the tiny multi-item scorer in
+    ``repository``, calibrated on member requests as the GPU stage does (unquantized layers in FP32)."""
+    from slimserve.bundle import bundle_dir_for, load_bundle
+    from slimserve.export.tensorrt.modelopt_qdq import quantize_qdq_feeds
+    from slimserve.scoring_tokens import multi_item_requests
+
+    bundle_dir = bundle_dir_for(repository, "scorer")
+    bundle = load_bundle(bundle_dir)
+    layout = (bundle.item_length_buckets, bundle.max_items_per_request)
+    groups = multi_item_groups(bundle_dir, [6, 1, 8, 3])
+    feeds = [request.feed() for group in groups for request in multi_item_requests(group, *layout)]
+    fp32 = bundle_dir.parent / "model.onnx"
+    qdq = quantize_qdq_feeds(
+        fp32, directory / "model.onnx", feeds, "int8", high_precision_dtype="fp32", provider=provider
+    )
+    return bundle, fp32, qdq

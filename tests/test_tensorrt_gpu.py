@@ -98,24 +98,15 @@ def test_rebuild_reads_the_timing_cache_and_every_bucket_shape_runs(tiny_graphs,
 def test_multi_item_engine_matches_the_multi_item_onnx_graph(tiny_multi_item_repository, tmp_path):
     """The multi-item engine: Q/DQ on member requests, one profile per item-length bucket, each request
     run in its profile, scores per member against the FP32 multi-item graph."""
-    from slimserve.bundle import bundle_dir_for, load_bundle
+    from slimserve.bundle import bundle_dir_for
     from slimserve.evaluation.throughput import scorer_session
-    from slimserve.export.tensorrt.modelopt_qdq import quantize_qdq_feeds
     from slimserve.export.tensorrt.profiles import served_multi_item_profiles
     from slimserve.export.tensorrt.runtime import multi_item_scores
-    from slimserve.scoring_tokens import multi_item_requests
-    from tests.tensorrt_fixtures import multi_item_groups
+    from tests.tensorrt_fixtures import multi_item_groups, multi_item_qdq
 
+    bundle, fp32, qdq = multi_item_qdq(tiny_multi_item_repository, tmp_path / "qdq")
     bundle_dir = bundle_dir_for(tiny_multi_item_repository, "scorer")
-    bundle = load_bundle(bundle_dir)
     layout = (bundle.item_length_buckets, bundle.max_items_per_request)
-    feeds = [
-        r.feed() for g in multi_item_groups(bundle_dir, [6, 1, 8, 3]) for r in multi_item_requests(g, *layout)
-    ]
-    fp32 = bundle_dir.parent / "model.onnx"
-    qdq = quantize_qdq_feeds(
-        fp32, tmp_path / "qdq" / "model.onnx", feeds, "int8", high_precision_dtype="fp32"
-    )
     split = bundle.prompt_split
     profiles = served_multi_item_profiles(
         *layout[:1], split.prefix_max_tokens, split.item_max_tokens, layout[1]

@@ -98,24 +98,15 @@ def test_multi_item_int8_qdq_graph_calibrated_on_member_requests(tiny_multi_item
         "modelopt.onnx.quantization",
         reason="nvidia-modelopt (ONNX PTQ) is not installed: pip install 'slimserve[gpu]'",
     )
-    from slimserve.bundle import bundle_dir_for, load_bundle
+    from slimserve.bundle import bundle_dir_for
     from slimserve.evaluation.throughput import scorer_session
-    from slimserve.export.tensorrt.modelopt_qdq import qdq_summary, quantize_qdq_feeds
+    from slimserve.export.tensorrt.modelopt_qdq import qdq_summary
     from slimserve.export.tensorrt.runtime import multi_item_scores
-    from slimserve.scoring_tokens import multi_item_requests
-    from tests.tensorrt_fixtures import multi_item_groups
+    from tests.tensorrt_fixtures import multi_item_groups, multi_item_qdq
 
+    bundle, fp32, qdq = multi_item_qdq(tiny_multi_item_repository, tmp_path / "qdq", provider="cpu")
     bundle_dir = bundle_dir_for(tiny_multi_item_repository, "scorer")
-    bundle = load_bundle(bundle_dir)
     layout = (bundle.item_length_buckets, bundle.max_items_per_request)
-    feeds = [
-        r.feed() for g in multi_item_groups(bundle_dir, [6, 1, 8, 3]) for r in multi_item_requests(g, *layout)
-    ]
-    fp32 = bundle_dir.parent / "model.onnx"
-    # unquantized layers in FP32, as the stage keeps them for this graph (its masks overflow FP16)
-    qdq = quantize_qdq_feeds(
-        fp32, tmp_path / "qdq" / "model.onnx", feeds, "int8", high_precision_dtype="fp32", provider="cpu"
-    )
     summary = qdq_summary(qdq)
     assert summary["QuantizeLinear"] > 10 and summary["DequantizeLinear"] >= summary["QuantizeLinear"]
     graph = onnx.load(str(qdq))
