@@ -81,7 +81,7 @@ def multi_item_groups(bundle_dir: Path, sizes: list[int], seed: int = 4) -> list
 
 def multi_item_qdq(repository: Path, directory: Path, provider: str = "cuda"):
     """(bundle, FP32 multi-item graph, its INT8 Q/DQ graph) of the tiny multi-item scorer in
-    ``repository``, calibrated on member requests as the GPU stage does (unquantized layers in FP32)."""
+    ``repository``, calibrated on member requests as the GPU stage does (unquantized layers in FP16, the gpu recipe's type)."""
     from slimserve.bundle import bundle_dir_for, load_bundle
     from slimserve.export.tensorrt.modelopt_qdq import quantize_qdq_feeds
     from slimserve.scoring_tokens import multi_item_requests
@@ -93,6 +93,6 @@ def multi_item_qdq(repository: Path, directory: Path, provider: str = "cuda"):
     feeds = [request.feed() for group in groups for request in multi_item_requests(group, *layout)]
     fp32 = bundle_dir.parent / "model.onnx"
     qdq = quantize_qdq_feeds(
-        fp32, directory / "model.onnx", feeds, "int8", high_precision_dtype="fp32", provider=provider
+        fp32, directory / "model.onnx", feeds, "int8", high_precision_dtype="fp16", provider=provider
     )
     return bundle, fp32, qdq

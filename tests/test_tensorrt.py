@@ -256,6 +256,7 @@ def test_parity_gate_rejects_non_finite_scores_and_enforces_an_optional_bound():
 def test_gpu_recipe_targets_tensorrt_and_cpu_stays_default():
     gpu = load_recipe("gpu")
     assert gpu.target == "tensorrt" and gpu.tensorrt.opt_batch_size == 32
+    assert gpu.publish.scoring_mode == "multi_item"  # the member prefix once per call, as on the CPU
     assert gpu.tensorrt.parity.min_pairwise_agreement > 0 and gpu.tensorrt.parity_prompts >= 16
     profiles = bucket_profiles(
         gpu.publish.length_buckets, gpu.publish.max_batch_size, gpu.tensorrt.opt_batch_size

@@ -120,18 +120,6 @@ def _smooth(student_lm, data: BuildData, recipe: Recipe, precision: str) -> dict
     return smoothing
 
 
-def qdq_high_precision(recipe: Recipe) -> str:
-    """Type of the Q/DQ graph's unquantized layers: ``tensorrt.high_precision_dtype``, except that the
-    multi-item graph stays FP32: its additive attention masks hold float32's lowest value, which
-    overflows FP16 and BF16 (measured on CPU: the tiny multi-item INT8 graph's scores came out
-    uncorrelated with the FP32 graph's at FP16, 0.986 Pearson at FP32; tests/test_tensorrt_qdq.py)."""
-    dtype = recipe.tensorrt.high_precision_dtype
-    if is_multi_item(recipe) and dtype != "fp32":
-        log.warning("multi-item graph: its attention masks overflow %s, unquantized layers stay FP32", dtype)
-        return "fp32"
-    return dtype
-
-
 def _qdq_graph(recipe: Recipe, data: BuildData, student_lm, out: Path, precision: str) -> tuple[Path, Path]:
     """(FP32 ONNX, its Model Optimizer Q/DQ graph) of the served layout."""
     from ..export.tensorrt.modelopt_qdq import quantize_qdq_feeds
@@ -147,7 +135,7 @@ def _qdq_graph(recipe: Recipe, data: BuildData, student_lm, out: Path, precision
         calibration_feeds(recipe, data),
         precision,
         calibration_method=settings.calibration_method,
-        high_precision_dtype=qdq_high_precision(recipe),
+        high_precision_dtype=settings.high_precision_dtype,
         provider=settings.onnx_execution_provider,
     )
     return fp32, qdq
@@ -255,7 +243,7 @@ def run_tensorrt(
     summary = {
         "layout": layout,
         "engine": info.as_dict(),
-        "qdq": {**qdq_summary(qdq), "high_precision_dtype": qdq_high_precision(recipe)},
+        "qdq": {**qdq_summary(qdq), "high_precision_dtype": recipe.tensorrt.high_precision_dtype},
         "smoothquant_activation_spread": smoothing,
         "parity": report.as_dict(),
         **measures,

@@ -22,6 +22,11 @@ from torch import nn
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
+# Added to the attention scores of masked keys: exp() of it is 0 in FP32, and it stays finite in FP16 and
+# BF16 (float32's lowest value overflows them to -inf, and a fully masked padding row then turns to NaN
+# and spreads through the Q/DQ graph's FP16 layers).
+MASKED_SCORE = -1.0e4
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
@@ -142,7 +147,7 @@ class MultiItemScorer(nn.Module):
         """Additive masks: prefix self-attention [B,1,P,P] (causal, padding), items on the prefix
         [B,1,1,1,P] (padding) and items on themselves [1,1,L,L] (causal)."""
         dtype = torch.float32
-        neg = torch.finfo(dtype).min
+        neg = MASKED_SCORE
         plen = prefix_mask.shape[1]
         device = prefix_mask.device
         causal_p = torch.ones(plen, plen, dtype=torch.bool, device=device).tril()
