@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from slimserve.buildstage.context import BuildData, stage_config
 from slimserve.buildstage.recipe import Recipe, load_recipe
@@ -23,7 +24,6 @@ from slimserve.buildstage.tensorrt_stage import (
     held_groups,
     multi_item_parity,
     publish_tensorrt,
-    qdq_high_precision,
     recipe_profiles,
 )
 from slimserve.bundle import TOKENIZER_FILE, bundle_dir_for, load_bundle
@@ -75,12 +75,17 @@ def test_multi_item_stage_has_its_own_id_and_engine_key(tmp_path):
     assert engine_stage(stricter, CC)[1] != config
 
 
-def test_multi_item_graph_keeps_unquantized_layers_out_of_fp16(tmp_path):
-    assert qdq_high_precision(_recipe(tmp_path)) == "fp32"
-    assert qdq_high_precision(_recipe(tmp_path, "single")) == "fp16"
-    bf16 = _recipe(tmp_path)
-    bf16.tensorrt.high_precision_dtype = "bf16"
-    assert qdq_high_precision(bf16) == "fp32"
+def test_multi_item_masks_stay_finite_in_the_q_dq_graph_s_fp16_and_bf16_layers():
+    """The graph builds its additive masks as (masked: 1, visible: 0) * MASKED_SCORE; with float32's
+    lowest value, FP16 and BF16 hold -inf and every visible position became 0 * -inf = NaN."""
+    from slimserve.models.multi_item import MASKED_SCORE
+
+    for dtype in (torch.float16, torch.bfloat16):
+        masked = torch.tensor([1.0, 0.0], dtype=dtype) * torch.tensor(MASKED_SCORE, dtype=dtype)
+        assert torch.isfinite(masked).all() and masked[1] == 0
+        weights = torch.softmax(torch.tensor([3.0, 5.0], dtype=dtype) + masked, dim=-1)
+        assert weights.tolist() == [0.0, 1.0]
+    assert torch.exp(torch.tensor(MASKED_SCORE)) == 0  # FP32 scores are exactly those of a -inf mask
 
 
 def test_multi_item_profiles_hold_a_folded_one_candidate_call(tmp_path):
