@@ -243,6 +243,11 @@ def test_generation_precision_reaches_every_generation_and_reruns_the_generator_
     assert all("generation_precision" not in stage_config(fp32, s) for s in GENERATOR_STAGES)
     rerun = [s for s in GENERATOR_STAGES if stage_config(bf16, s) != stage_config(fp32, s)]
     assert rerun == list(GENERATOR_STAGES)
+    from slimserve.buildstage.context import trained_precision
+
+    # bench floor takes the teacher's text, that stage's work, at the BF16 peak
+    assert trained_precision(stage_config(bf16, "gen_teacher"), "gen_teacher") == "bf16"
+    assert trained_precision(stage_config(fp32, "gen_teacher"), "gen_teacher") == "fp32"
     with pytest.raises(ConfigError, match="generation_precision"):
         load_recipe("tiny", overrides={"generator": {"generation_precision": "fp16"}})
     assert load_recipe("cpu").generator.generation_precision == "auto"

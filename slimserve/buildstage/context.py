@@ -124,12 +124,14 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
 
 
 # stage -> where its settings (``stage_config``) hold the precision it trained at, resolved on the
-# machine that ran it; absent: FP32
+# machine that ran it; absent: FP32. ``gen_teacher`` trains nothing: its work is the teacher's text,
+# decoded at ``generator.generation_precision``.
 TRAINED_PRECISION_KEYS: dict[str, tuple[str, ...]] = {
     "teacher": ("precision",),
     "distill": ("student", "distill", "precision"),
     "redistill": ("redistill", "precision"),
     "gen_finetune": ("finetune", "precision"),
+    "gen_teacher": ("generation_precision",),
     "gen_offpolicy": ("offpolicy", "precision"),
     "gen_onpolicy": ("onpolicy", "precision"),
 }
