@@ -222,6 +222,9 @@ def test_a_decoding_copy_runs_the_decoder_in_bf16_its_lm_head_fp32_and_leaves_th
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
     assert {p.dtype for p in copy.get_decoder().layers.parameters()} == {torch.bfloat16}
     assert copy.get_output_embeddings().weight is model.get_output_embeddings().weight  # FP32, shared
+    buffers = dict(model.named_buffers())
+    for name, buffer in copy.named_buffers():  # the rotary frequencies among them: FP32, unrounded
+        assert buffer.dtype == buffers[name].dtype and torch.equal(buffer, buffers[name]), name
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         reference, logits = model(input_ids=ids).logits, copy(input_ids=ids).logits

@@ -103,11 +103,15 @@ def decoding_copy(model, setting: Precision = "fp32"):
     """The model that generates text for ``model`` at ``setting`` (resolved on its device): ``model``
     itself at FP32; at BF16 a copy whose decoder holds BF16 weights while its LM head stays FP32 on the
     original weight (a BF16 logit's rounding, about 0.06 at 16, would reorder near-ties and blur the
-    teacher's top-k targets). Autocast would cast every weight at every step; a copy casts them once."""
+    teacher's top-k targets). Autocast would cast every weight at every step; a copy casts them once.
+    Only parameters are cast: buffers such as the rotary frequencies stay FP32 (in BF16 a frequency's
+    rounding, up to 2^-9 of it, turns into an angle error that grows with the position)."""
     if resolve(setting, model.device.type) == "fp32":
         return model
     head = model.get_output_embeddings()
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    bf16 = copy.deepcopy(model)
+    for parameter in bf16.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
     fp32_head = torch.nn.Linear(head.in_features, head.out_features, bias=False, device=model.device)
     fp32_head.weight = head.weight  # shared, not copied: the copy lives for one generation pass
     if head.bias is not None:
