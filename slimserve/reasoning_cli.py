@@ -46,7 +46,8 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repetition-penalty",
         type=float,
-        help="penalty >= 1 on tokens already generated (default: the service's, 1.15; 1 = off)",
+        help="penalty >= 1 on tokens already generated (default: the service's, 1 for explain, 1.15 for "
+        "generate; 1 = off)",
     )
     parser.add_argument(
         "--stop",

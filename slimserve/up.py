@@ -106,19 +106,34 @@ def summary_table(report: dict) -> str:
             speed = f"{row['items_per_s_batch32']:.1f} items/s @32, 1 item {_cell(row.get('single_item_ms'), 1)} ms"
         auc = f"AUC {_cell(row['test_auc'])}"
         lines.append(f"| {label}: {row['stage']} | {auc} | {_size(row)} | {speed} |")
-    generator = report.get("generator_stages") or []
-    by_stage = {row["stage"]: row for row in generator}
-    if not generator:
-        return "\n".join(lines)
-    teacher = by_stage.get("generator teacher (fine-tuned)", generator[0])
-    for label, row in (("generator teacher", teacher), ("generator student (published)", generator[-1])):
-        quality = (
-            f"KL to teacher {_cell(row.get('kl_teacher_text'))}, hallucination "
-            f"{_cell(row.get('hallucination_rate'), 2)}, coverage {_cell(row.get('coverage'), 2)}"
-        )
+    lines += _generator_lines(report.get("generator_stages") or [])
+    return "\n".join(lines)
+
+
+def _grounding(row: dict) -> str:
+    return (
+        f"hallucination {_cell(row.get('hallucination_rate'), 2)}, coverage {_cell(row.get('coverage'), 2)}"
+    )
+
+
+def _generator_lines(generator: list[dict]) -> list[str]:
+    """The generator teacher and student rows; the student's with its published graph's grounding as
+    served, when the report has that row."""
+    from .evaluation.generator_report import is_served
+
+    trained = [row for row in generator if not is_served(row["stage"])]
+    if not trained:
+        return []
+    served = [row for row in generator if is_served(row["stage"])]
+    teacher = next((r for r in trained if r["stage"] == "generator teacher (fine-tuned)"), trained[0])
+    lines = []
+    for label, row in (("generator teacher", teacher), ("generator student (published)", trained[-1])):
+        quality = f"KL to teacher {_cell(row.get('kl_teacher_text'))}, {_grounding(row)}"
+        if row is trained[-1] and served:
+            quality += f" (its graph as served: {_grounding(served[-1])})"
         speed = f"{_cell(row.get('decode_tokens_per_s'), 1)} tokens/s (PyTorch, 1 stream)"
         lines.append(f"| {label}: {row['stage']} | {quality} | {_size(row)} | {speed} |")
-    return "\n".join(lines)
+    return lines
 
 
 def _print_summary(recipe) -> None:

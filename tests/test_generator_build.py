@@ -13,6 +13,7 @@ import torch
 
 from slimserve.buildstage import artifacts
 from slimserve.buildstage.context import stage_config
+from slimserve.buildstage.generator_served import explain_penalty, served_explanations, served_label
 from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
     active_stages,
@@ -232,13 +233,72 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     order = []
     result = _report_and_publish(recipe, [], ctx.data, {}, "test", lambda card: order.append(card), ctx)
     assert order and "| generator (a)+(b) on-policy |" in order[0]
-    assert [r.stage for r in result.generator_rows] == EXPECTED
+    served = served_label(ctx)
+    assert [r.stage for r in result.generator_rows] == [*EXPECTED, served]
     report = json.loads((recipe.resolved_work_dir() / "report.json").read_text())
-    assert [s["stage"] for s in report["generator_stages"]] == EXPECTED
+    assert [s["stage"] for s in report["generator_stages"]] == [*EXPECTED, served]
+    assert f"| {served} |" in (recipe.resolved_work_dir() / "report.md").read_text()
     version = result.generator_published
     assert version == recipe.publish.model_repository / "generator" / "1"
     bundle = load_generator_bundle(version / "bundle")
     assert "generator student" in bundle.source_model and list(bundle.eos_token_ids) == ctx.end_ids
+    # The published graph explained the held-out pairs as the service decodes Explain (greedy, at its
+    # explain_repetition_penalty), and that row is in the version's export report and model card.
+    row = json.loads((version / "export_report.json").read_text())["served_grounding"]
+    assert row["grounding_pairs"] == len(ctx.grounding_examples()) and row["unseen_pairs"] == 2
+    assert row["notes"]["repetition_penalty"] == explain_penalty() == 1.0
+    assert [e["key"] for e in row["notes"]["explanations"]] == [
+        f"{e.member_id}/{e.item_id}" for e in ctx.grounding_examples()
+    ]
+    assert "grounding as served (greedy, repetition penalty 1)" in (version / "MODEL_CARD.md").read_text()
+
+
+def _published_to(recipe, repository, **gates):
+    """``recipe`` publishing to ``repository``, with ``gates`` over its generator gates."""
+    generator = recipe.generator.model_copy(update={"gates": recipe.generator.gates.model_copy(update=gates)})
+    publish = recipe.publish.model_copy(update={"model_repository": repository})
+    return recipe.model_copy(update={"generator": generator, "publish": publish})
+
+
+def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_path):
+    """The served row's texts are the serving engine's greedy decoding of the published graph, at the
+    Explain penalty, token for token."""
+    from slimserve.buildstage import generator_stages
+    from slimserve.compression.generator_data import explain_prompts
+    from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
+    from slimserve.triton_models.generator import generate as engine_generate
+
+    recipe, ctx, _, _ = built
+    ctx.recipe = _published_to(recipe, tmp_path / "repo")
+    try:
+        version = generator_stages.publish(ctx)
+    finally:
+        ctx.recipe = recipe
+    examples = ctx.grounding_examples()[:2]
+    prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
+    decoder = OnnxDecoder(version / "model.onnx", 1)
+    engine = BatchEngine(decoder, ctx.end_ids)
+    limit = ctx.settings.evaluation.max_new_tokens
+    requests = [GenerationRequest(tuple(p), limit, repetition_penalty=1.0) for p in prompts]
+    expected = [ctx.tokenizer.decode(t, skip_special_tokens=True) for t in engine_generate(engine, requests)]
+    assert served_explanations(ctx, decoder, examples, explain_penalty()) == expected
+
+
+def test_a_published_graph_that_misses_a_grounding_gate_publishes_nothing(built, tmp_path):
+    """The grounding gates apply to the exported graph as served: missing one raises before the version
+    is written (the tiny random model names no verdict, so a verdict gate of 0.5 fails)."""
+    from slimserve.buildstage import generator_stages
+
+    recipe, ctx, _, _ = built
+    repository = tmp_path / "repo"
+    strict = _published_to(recipe, repository, min_verdict_agreement=0.5)
+    ctx.recipe = strict
+    try:
+        with pytest.raises(BuildError, match=r"published FP32 graph as served.*min_verdict_agreement"):
+            generator_stages.publish(ctx)
+    finally:
+        ctx.recipe = recipe
+    assert not (repository / "generator").exists() or not any((repository / "generator").glob("[0-9]*"))
 
 
 def test_teacher_is_fine_tuned_on_written_explanations_and_its_own_answers(built):

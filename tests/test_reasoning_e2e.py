@@ -133,19 +133,22 @@ async def test_explain_streams_the_models_greedy_text_in_order(generator_reposit
     assert 0 < meta.time_to_first_token_ms <= meta.response.total_ms
 
 
-async def test_the_default_repetition_penalty_reaches_the_model(generator_repository, stub, service):
-    """Without options the service's default penalty (1.15) applies: the text equals the model's own
-    engine decoding with that penalty, token for token."""
+async def test_explain_decodes_at_the_explain_penalty_by_default(generator_repository, stub, service):
+    """Explain without options decodes at ``explain_repetition_penalty`` (1: the grounded explanation
+    may repeat its facts' words), not at Generate's default 1.15: the text equals the model's own engine
+    decoding at that penalty, token for token (the tiny random model writes the same at 1.15, so that
+    the default resolves per RPC is checked in tests/test_reasoning_unit.py)."""
     from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder, generate
 
     request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=40))
     _, text, meta = await collect(stub.Explain(request, timeout=30))
-    prompt_ids = service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM))
+    prompt_ids = tuple(service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM)))
     bundle_dir = generator_bundle_dir(generator_repository)
     engine = BatchEngine(OnnxDecoder(bundle_dir.parent / "model.onnx", 1), service.core.bundle.eos_token_ids)
-    penalty = service.core.config.default_repetition_penalty
-    (expected,) = generate(engine, [GenerationRequest(tuple(prompt_ids), 40, repetition_penalty=penalty)])
-    assert penalty == 1.15 and meta.tokens_generated == len(expected)
+    config = service.core.config
+    explain, generate_default = config.explain_repetition_penalty, config.default_repetition_penalty
+    (expected,) = generate(engine, [GenerationRequest(prompt_ids, 40, repetition_penalty=explain)])
+    assert (explain, generate_default) == (1.0, 1.15) and meta.tokens_generated == len(expected)
     assert text == tokenizer_of(generator_repository).decode(expected, skip_special_tokens=True)
 
 

@@ -128,6 +128,16 @@ def test_options_defaults_and_model_limit():
     assert not resolved.explicit_max_tokens
     assert resolved.repetition_penalty == CONFIG.default_repetition_penalty == 1.15
     assert resolve_options(GenerationOptions(repetition_penalty=1.0), CONFIG, 512).repetition_penalty == 1.0
+    explain = resolve_options(
+        GenerationOptions(), CONFIG, 512, default_penalty=CONFIG.explain_repetition_penalty
+    )
+    assert explain.repetition_penalty == CONFIG.explain_repetition_penalty == 1.0  # Explain's default
+    assert (
+        resolve_options(
+            GenerationOptions(repetition_penalty=1.3), CONFIG, 512, default_penalty=1.0
+        ).repetition_penalty
+        == 1.3
+    )
     assert resolve_options(GenerationOptions(max_tokens=100), CONFIG, 512).max_tokens == 100
     with pytest.raises(InvalidArgument, match="over the limit of 50"):  # the model's limit wins
         resolve_options(GenerationOptions(max_tokens=60), CONFIG, model_limit=50)

@@ -84,6 +84,8 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert "Sample explanation" in output
     assert "Teacher vs students" in output and "| scoring student (published)" in output
     assert "| generator student (published)" in output
+    assert "(its graph as served: hallucination" in output  # the exported graph, gated as Explain decodes
+    assert "| generator (a)+(b), published FP32 graph as served |" in output  # in the generator's table
 
     # 3. Again: everything is published from this recipe, so it serves at once, without a build.
     started = time.monotonic()

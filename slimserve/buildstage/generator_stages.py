@@ -434,6 +434,12 @@ def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
             f"top-1 agreement with the teacher {final.top1_agreement:.4f} is below {gates.min_top1_agreement:.4f}",
             "min_top1_agreement",
         )
+    check_grounding_gates(settings, final)
+
+
+def check_grounding_gates(settings: GeneratorSettings, final: GeneratorRow) -> None:
+    """Raise ``BuildError`` when ``final``'s grounding figures miss a gate of the recipe."""
+    gates = settings.gates
     measured = f"on {final.grounding_pairs} held-out explanations"
     unseen = f"on {final.unseen_pairs} held-out pairs renamed to unseen skills"
     for value, limit, name, gate, where in (
@@ -563,10 +569,12 @@ def final_model_dir(recipe: Recipe) -> Path:
 
 
 def publish(ctx: GeneratorContext) -> Path:
-    """Export the final student (FP32 greedy parity gate, optional weight-only quantization) and publish
-    it as a new version of the Triton model ``generator``; returns the version directory."""
+    """Export the final student (FP32 greedy parity gate, optional weight-only quantization), gate the
+    graph's grounding as served (``generator_served``) and publish it as a new version of the Triton model
+    ``generator``; returns the version directory."""
     from ..export.generator_config import GeneratorExportConfig
     from ..export.generator_repository import publish_generator
+    from .generator_served import served_check
 
     settings = ctx.settings.publish
     config = GeneratorExportConfig(
@@ -581,6 +589,7 @@ def publish(ctx: GeneratorContext) -> Path:
         ctx.tokenizer_file,
         config,
         written_tokens(ctx) if config.output_vocab is not None else (),
+        served_check(ctx, config.intra_op_threads),
     )
 
 

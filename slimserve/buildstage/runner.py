@@ -19,6 +19,7 @@ from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
 from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
+from .generator_served import explain_penalty, served_rows
 from .recipe import Recipe
 from .resumable import StageRunner
 
@@ -237,6 +238,7 @@ def _report_and_publish(
         result.generator_published = _publish_once(
             recipe, "generator", lambda: generator_stages.publish(generator), generator_ran or scorer_ran
         )
+        result.generator_rows += served_rows(result.generator_published)
 
     def run_generator() -> None:
         if generator is not None:
@@ -247,6 +249,8 @@ def _report_and_publish(
         run_generator()
         publish_scorer()
         publish_generator()
+        if result.generator_published is not None:
+            _write_report(recipe, result, command)  # with the published graph's served row
         return result
     publish_scorer()
     on_scorer_published(result)
@@ -283,6 +287,7 @@ def _publish_config(recipe: Recipe, kind: str) -> dict:
         "recipe": recipe.model_dump(mode="json", exclude={"work_dir"}),
         "prompt_template": SCORING_TEMPLATE_VERSION,
         "explain_template": EXPLAIN_TEMPLATE_VERSION,
+        "served_gate": {"explain_repetition_penalty": explain_penalty()},  # what the graph was gated at
     }
 
 

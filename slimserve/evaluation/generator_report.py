@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 
 from .report import ReportRow, _fmt
 
+SERVED_SUFFIX = (
+    " as served"  # the label ending of the published graph's row (``buildstage.generator_served``)
+)
+
+
+def is_served(stage: str) -> bool:
+    """Whether ``stage`` labels the published graph's row (grounding as served, no teacher-forced figures)."""
+    return stage.endswith(SERVED_SUFFIX)
+
 
 @dataclass
 class GeneratorRow(ReportRow):

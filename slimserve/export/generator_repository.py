@@ -14,7 +14,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from ..bundle import sha256_file
@@ -136,6 +136,10 @@ def default_eos_token_ids(model, tokenizer_file: Path) -> tuple[int, ...]:
     return tuple(sorted(i for i in ids if i is not None))
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _model_card(bundle: GeneratorBundle, report: dict) -> str:
     lines = [
         f"# {bundle.model_name}: generator ({bundle.precision})",
@@ -154,6 +158,13 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
         )
     if report.get("agreement_quantized"):
         lines.append(f"- {bundle.precision} greedy agreement with PyTorch: {report['agreement_quantized']}")
+    served = report.get("served_grounding")
+    if served:
+        lines.append(
+            f"- grounding as served (greedy, repetition penalty {served['notes']['repetition_penalty']:g}) on "
+            f"{served['grounding_pairs']} held-out pairs: hallucination {_rate(served['hallucination_rate'])}, "
+            f"coverage {_rate(served['coverage'])}, verdict agreement {_rate(served['verdict_agreement'])}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -253,7 +264,11 @@ def _export_checked(
 
 
 def publish_generator(
-    model, tokenizer_file: Path, config: GeneratorExportConfig, output_tokens: Iterable[int] = ()
+    model,
+    tokenizer_file: Path,
+    config: GeneratorExportConfig,
+    output_tokens: Iterable[int] = (),
+    check_graph: Callable[[Path], dict] | None = None,
 ) -> Path:
     """Export ``model`` (a HF Llama causal LM) as a new version of ``config.model_name`` in
     ``config.model_repository``; return the version's path.
@@ -264,7 +279,9 @@ def publish_generator(
     Raises ``ExportError`` when the FP32 graph's greedy tokens differ from PyTorch's on
     ``config.parity_prompts`` explanation prompts for ``config.parity_tokens`` new tokens; nothing is
     published then. ``config.quantize`` ``"int8"``/``"int4"`` publishes a weight-only quantized graph (its
-    agreement with PyTorch is reported, not gated); None publishes the FP32 graph.
+    agreement with PyTorch is reported, not gated); None publishes the FP32 graph. ``check_graph``, when
+    given, is called with the graph to publish (its ``.onnx`` path) and may raise to publish nothing; what
+    it returns goes into the export report under ``served_grounding`` (the build's grounding gate on it).
     """
     max_context, max_new_tokens_limit = _context_limits(model, config)
     sequences = encode_prompts(tokenizer_file, explanation_prompts(config.parity_prompts))
@@ -281,6 +298,8 @@ def publish_generator(
         tmp = Path(tmp)
         keep = {*eos_token_ids, *output_tokens}
         graph, report = _export_checked(model, tokenizer_file, sequences, config, keep, tmp)
+        if check_graph is not None:
+            report["served_grounding"] = check_graph(graph.onnx_path)
         bundle = GeneratorBundle(
             model_name=name,
             model_version=0,  # set at publish

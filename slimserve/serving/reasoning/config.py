@@ -46,7 +46,16 @@ class ReasoningServiceConfig(RecordLimitsConfig):
         1.15,
         ge=1.0,
         le=10.0,
-        description="repetition_penalty of a request that sets none (1: off; 1.15 keeps small models out of loops).",
+        description="repetition_penalty of a Generate request that sets none (1: off; 1.15 keeps small models "
+        "out of loops on free prompts).",
+    )
+    explain_repetition_penalty: float = Field(
+        1.0,
+        ge=1.0,
+        le=10.0,
+        description="repetition_penalty of an Explain request that sets none (1: off). A grounded explanation "
+        "repeats its facts' words ('you', 'It is', skill names), which a penalty pushes the student off: the "
+        "build gates the published graph's explanations at this value (docs/reasoning.md).",
     )
     max_repetition_penalty: float = Field(
         2.0, ge=1.0, le=10.0, description="Highest repetition_penalty a request may set."

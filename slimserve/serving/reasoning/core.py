@@ -148,7 +148,12 @@ class ReasoningCore(ServiceCore):
         """Stream an explanation of why ``item`` does or does not suit ``member``."""
         clock = _Clock()
         validate_explain(member, item, self.config)
-        resolved = resolve_options(options, self.config, self.bundle.max_new_tokens_limit)
+        resolved = resolve_options(
+            options,
+            self.config,
+            self.bundle.max_new_tokens_limit,
+            default_penalty=self.config.explain_repetition_penalty,
+        )
         text = prompts.render_explain_request(member, item, self.bundle.prompt_template_version)
         return self._stream(clock, text, resolved, "member and item", timeout_s, request_id)
 

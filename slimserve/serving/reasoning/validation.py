@@ -61,9 +61,14 @@ def max_tokens_limit(config: ReasoningServiceConfig, model_limit: int) -> int:
 
 
 def resolve_options(
-    options: GenerationOptions, config: ReasoningServiceConfig, model_limit: int, field: str = "options"
+    options: GenerationOptions,
+    config: ReasoningServiceConfig,
+    model_limit: int,
+    field: str = "options",
+    default_penalty: float | None = None,
 ) -> ResolvedOptions:
-    """Check ``options`` against the limits and fill in defaults; raise ``InvalidArgument``."""
+    """Check ``options`` against the limits and fill in defaults; raise ``InvalidArgument``. An unset
+    repetition_penalty becomes ``default_penalty`` (None: ``config.default_repetition_penalty``)."""
     limit = max_tokens_limit(config, model_limit)
     max_tokens = options.max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
@@ -84,8 +89,10 @@ def resolve_options(
     ):
         raise InvalidArgument(f"{field}.seed", f"must be a whole number in [0, 2^64), got {seed!r}")
     check_stops(options.stop, config, f"{field}.stop")
+    if default_penalty is None:
+        default_penalty = config.default_repetition_penalty
     penalty = (
-        config.default_repetition_penalty
+        default_penalty
         if options.repetition_penalty is None
         else _finite(options.repetition_penalty, f"{field}.repetition_penalty")
     )

@@ -1,0 +1,107 @@
+"""The published generator graph, gated as it is served.
+
+The generator stages measure the student in PyTorch; what the ReasoningService serves is its exported
+(weight-only quantized, LM-head shortlisted) ONNX graph, decoded by the serving engine
+(``triton_models.generator.BatchEngine``) at the service's Explain defaults: greedy, with
+``explain_repetition_penalty``. Before the graph is published, it explains the same held-out pairs
+(and the pairs renamed to unseen skills) that way, and the recipe's grounding gates apply to that row:
+a graph that explains worse than the student it came from publishes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..evaluation.generator_report import SERVED_SUFFIX, GeneratorRow
+from .generator_stages import GeneratorContext, check_grounding_gates, scorer_decisions
+
+log = logging.getLogger(__name__)
+
+REPORT_KEY = "served_grounding"  # the served row, in the published version's export report
+REPORT_FILE = "export_report.json"
+
+
+def explain_penalty() -> float:
+    """The repetition penalty the ReasoningService gives an Explain request that sets none."""
+    from ..serving.reasoning.config import ReasoningServiceConfig
+
+    return float(ReasoningServiceConfig.model_fields["explain_repetition_penalty"].default)
+
+
+def served_label(ctx: GeneratorContext) -> str:
+    quantize = ctx.settings.publish.quantize
+    graph = "FP32" if quantize == "none" else quantize.upper()
+    return f"generator (a)+(b), published {graph} graph{SERVED_SUFFIX}"
+
+
+def served_explanations(ctx: GeneratorContext, decoder, examples: list, penalty: float) -> list[str]:
+    """``decoder`` (an ``OnnxDecoder``) explains ``examples`` through the serving engine, all admitted
+    at once, greedy at ``penalty``; the texts, special tokens dropped."""
+    from ..compression.generator_data import explain_prompts
+    from ..triton_models.generator import BatchEngine, GenerationRequest, generate
+
+    settings = ctx.settings
+    prompts = explain_prompts(examples, ctx.tokenizer_file, settings.teacher_text.max_prompt_tokens)
+    requests = [
+        GenerationRequest(tuple(p), settings.evaluation.max_new_tokens, repetition_penalty=penalty)
+        for p in prompts
+    ]
+    outputs = generate(BatchEngine(decoder, ctx.end_ids), requests)
+    return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+
+
+def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> GeneratorRow:
+    """The grounding of the graph at ``onnx_path`` as served (its teacher-forced columns stay empty)."""
+    from ..evaluation.grounding import evaluate_grounding
+    from ..triton_models.generator import OnnxDecoder
+
+    started = time.perf_counter()
+    decoder, penalty = OnnxDecoder(onnx_path, threads), explain_penalty()
+    nan = float("nan")
+    row = GeneratorRow(served_label(ctx), nan, nan, nan, notes={"repetition_penalty": penalty})
+    examples = ctx.grounding_examples()
+    decisions, source = scorer_decisions(ctx, examples)
+    texts = served_explanations(ctx, decoder, examples, penalty)
+    summary, _ = evaluate_grounding([(e.member, e.item) for e in examples], texts, decisions)
+    row.set_grounding(summary, source if decisions is not None else None)
+    unseen = ctx.unseen_skill_examples()
+    if unseen:
+        unseen_texts = served_explanations(ctx, decoder, unseen, penalty)
+        row.set_unseen_grounding(evaluate_grounding([(e.member, e.item) for e in unseen], unseen_texts)[0])
+    row.notes["explanations"] = [
+        {"key": f"{e.member_id}/{e.item_id}", "text": t} for e, t in zip(examples, texts, strict=True)
+    ]
+    row.notes["seconds"] = round(time.perf_counter() - started, 1)
+    log.info("%s: %s", row.stage, {k: v for k, v in row.as_dict().items() if k != "notes"})
+    return row
+
+
+def served_check(ctx: GeneratorContext, threads: int = 0) -> Callable[[Path], dict] | None:
+    """The ``check_graph`` of ``publish_generator``: the graph's served row (a dict, kept in the export
+    report), after the recipe's grounding gates passed on it; None when the recipe has no grounding pairs."""
+    if not ctx.grounding_examples():
+        return None
+
+    def check(onnx_path: Path) -> dict:
+        row = served_row(ctx, onnx_path, threads)
+        check_grounding_gates(ctx.settings, row)
+        return row.as_dict()
+
+    return check
+
+
+def served_rows(version_dir: Path | None) -> list[GeneratorRow]:
+    """The served row that a published generator version's export report holds ([] when none)."""
+    import json
+
+    if version_dir is None:
+        return []
+    try:
+        report = json.loads((Path(version_dir) / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    row = report.get(REPORT_KEY)
+    return [GeneratorRow.from_dict(row)] if row else []
