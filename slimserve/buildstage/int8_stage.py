@@ -213,7 +213,7 @@ def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin
     """The multi-item INT8 graph made with the single-sequence graph's chosen ``method``; its row
     notes the Spearman correlation and AUC gap to the single-sequence INT8 scores."""
     from ..errors import BuildError
-    from ..evaluation.metrics import spearman
+    from ..evaluation.multi_item_gate import multi_item_gate
 
     layout = recipe.publish
     fp32 = export_multi_item_graph(student_lm, data, recipe, out / "multi_item_fp32" / "model.onnx")
@@ -229,18 +229,20 @@ def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin
     row = evaluate_scores(f"INT8 multi-item ({method})", margin, data, teacher_test)
     row.parameters, row.embedding_parameters = single_row.parameters, single_row.embedding_parameters
     row.retention = single_row.retention * row.test_auc / single_row.test_auc
-    correlation, gap = spearman(single_margin, margin), abs(row.test_auc - single_row.test_auc)
-    row.notes = {"spearman_vs_single_int8": correlation, "auc_gap_vs_single_int8": gap}
-    row.file_mb = single_row.file_mb
-    log.info("multi-item INT8 vs single-sequence INT8: spearman %.5f, AUC gap %.5f", correlation, gap)
     gates = recipe.gates
-    if correlation < gates.multi_item_spearman or (
-        gates.multi_item_auc_gap is not None and gap > gates.multi_item_auc_gap
-    ):
+    measures, failures = multi_item_gate(
+        single_margin, margin, data.labels["test"], gates.multi_item_spearman, gates.multi_item_auc_gap
+    )
+    row.notes = {
+        "spearman_vs_single_int8": measures["spearman"],
+        "auc_gap_vs_single_int8": measures["auc_gap"],
+    }
+    row.file_mb = single_row.file_mb
+    log.info("multi-item INT8 vs single-sequence INT8: %s", measures)
+    if failures:
         raise BuildError(
-            f"multi-item INT8 graph: Spearman {correlation:.4f} with the single-sequence INT8 scores (gate "
-            f">= {gates.multi_item_spearman}), test AUC gap {gap:.4f} (gate <= {gates.multi_item_auc_gap}); "
-            "nothing was published"
+            f"multi-item INT8 graph against the single-sequence INT8 scores: {'; '.join(failures)} (gates "
+            "multi_item_spearman, multi_item_auc_gap); nothing was published"
         )
     return row, target
 

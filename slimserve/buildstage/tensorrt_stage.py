@@ -155,7 +155,8 @@ def held_groups(groups: list, limit: int) -> list:
 def multi_item_parity(reference, candidate, labels, members, recipe: Recipe):
     """The multi-item engine's gate on held-out examples: the engine parity measures per member
     (``tensorrt.parity``) and the CPU build's multi-item gates. Returns (report, gate measures)."""
-    from ..export.tensorrt.parity import engine_parity, multi_item_gate
+    from ..evaluation.multi_item_gate import multi_item_gate
+    from ..export.tensorrt.parity import engine_parity
 
     report = engine_parity(reference, candidate, recipe.tensorrt.parity, groups=list(members))
     gates = recipe.gates

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ...errors import BuildError
-from ...evaluation.metrics import auc, spearman
+from ...evaluation.metrics import spearman
 from ..parity import swapped_pairs
 from .settings import ParityThresholds
 
@@ -125,30 +125,6 @@ def engine_parity(
     if thresholds.max_abs_diff is not None and not report.max_abs_diff <= thresholds.max_abs_diff:
         report.failures.append(f"max_abs_diff {report.max_abs_diff:.4g} > {thresholds.max_abs_diff:.4g}")
     return report
-
-
-def multi_item_gate(
-    reference: Sequence[float],
-    candidate: Sequence[float],
-    labels: Sequence[float],
-    min_spearman: float,
-    max_auc_gap: float | None,
-) -> tuple[dict[str, float], list[str]]:
-    """The CPU build's multi-item gates (``gates.multi_item_spearman``, ``gates.multi_item_auc_gap``)
-    applied to an engine's scores against its ONNX graph's: (measures, failed checks)."""
-    ref = np.asarray(reference, dtype=np.float64).ravel()
-    cand = np.asarray(candidate, dtype=np.float64).ravel()
-    measures = {"spearman": float("nan"), "reference_auc": auc(labels, ref), "engine_auc": float("nan")}
-    finite = bool(np.all(np.isfinite(cand)))
-    if finite:
-        measures.update(spearman=spearman(ref, cand), engine_auc=auc(labels, cand))
-    measures["auc_gap"] = abs(measures["engine_auc"] - measures["reference_auc"])
-    failures = []
-    if min_spearman > 0 and not measures["spearman"] >= min_spearman:
-        failures.append(f"multi-item spearman {measures['spearman']:.4f} < {min_spearman:.4f}")
-    if max_auc_gap is not None and not measures["auc_gap"] <= max_auc_gap:
-        failures.append(f"multi-item test AUC gap {measures['auc_gap']:.4f} > {max_auc_gap:.4f}")
-    return measures, failures
 
 
 def require_parity(report: EngineParityReport, what: str) -> None:
