@@ -4,6 +4,8 @@ of a ``using`` block, FP32 weights after BF16 training, and stages re-run when a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -300,3 +302,39 @@ def test_stage_b_samples_and_takes_its_targets_at_the_generation_precision(monke
     assert copied[0] == (teacher, "bf16") and (student, "bf16") in copied  # targets and samples
     assert all(p.dtype == torch.float32 for p in (*teacher.parameters(), *student.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(before, student.parameters(), strict=True))
+
+
+def test_evaluations_score_against_the_teachers_decoding_copy_and_the_teacher_against_itself(tmp_path):
+    """At ``generation_precision`` bf16 the teacher-forced evaluations take their reference from one BF16
+    decoding copy of the teacher (made once, dropped when the teacher is replaced): the teacher's own
+    row is KL 0, a student's KL is measured against that copy."""
+    from slimserve.buildstage.generator_stages import GeneratorContext, evaluate
+    from slimserve.compression.generator_data import Generated, TeacherText
+    from slimserve.compression.generator_eval import evaluate_text
+    from slimserve.models.teacher import load_teacher
+
+    evaluation = {"max_new_tokens": 6, "speed_tokens": 0, "grounding_prompts": 0, "unseen_skill_prompts": 0}
+    recipe = load_recipe(
+        "tiny", overrides={"generator": {"generation_precision": "bf16", "evaluation": evaluation}}
+    )
+    teacher = load_teacher("tiny", seed=3).model.eval()
+    student = load_teacher("tiny", seed=4).model.eval()
+    work = tmp_path / "work"
+    heldout = TeacherText(["m/a", "m/b"], [[5, 6, 7], [8, 9, 10, 11]], Generated([[12, 13], [14, 15, 16]]))
+    (work / "gen_teacher").mkdir(parents=True)
+    heldout.save(work / "gen_teacher", "heldout")
+    ctx = GeneratorContext(recipe, SimpleNamespace(examples={}), lambda: teacher, None, work, [2], "tiny")
+    reference = ctx.reference_teacher
+    assert reference is not teacher and reference is ctx.reference_teacher  # made once
+    assert {p.dtype for p in reference.get_decoder().parameters()} == {torch.bfloat16}
+    own = evaluate(ctx, "teacher", teacher, tmp_path)
+    assert own.kl_teacher_text == 0.0 and own.top1_agreement == 1.0 and own.kl_own_samples == 0.0
+    row = evaluate(ctx, "student", student, tmp_path)
+    assert row.kl_teacher_text > 0 and row.kl_own_samples > 0
+    against = {
+        m: evaluate_text(student, m, heldout.prompts, heldout.responses).kl for m in (reference, teacher)
+    }
+    assert row.kl_teacher_text == pytest.approx(against[reference], rel=1e-6) != against[teacher]
+    assert all(p.dtype == torch.float32 for p in teacher.parameters())
+    ctx.replace_teacher(lambda: student)
+    assert ctx.reference_teacher is not reference

@@ -54,6 +54,7 @@ class GeneratorContext:
     source: str  # the teacher's name (recorded in the published bundle)
     device: str = "cpu"
     _teacher: object = field(default=None, init=False, repr=False)
+    _reference: object = field(default=None, init=False, repr=False)
     # The teacher's log-probs on its held-out text, per evaluation batch: computed by the first evaluation,
     # reused by every later one (the teacher and the text stay the same; a new teacher clears them).
     heldout_teacher_logprobs: list = field(default_factory=list, init=False, repr=False)
@@ -69,9 +70,20 @@ class GeneratorContext:
             self._teacher = self.load_teacher()
         return self._teacher
 
+    @property
+    def reference_teacher(self):
+        """The teacher that the teacher-forced evaluations score against: its decoding copy at
+        ``generation_precision`` (``precision.decoding_copy``: BF16 decoder weights where the CPU has
+        BF16 units, the LM head FP32), made once per teacher."""
+        from ..compression.precision import decoding_copy
+
+        if self._reference is None:
+            self._reference = decoding_copy(self.teacher.eval(), self.settings.generation_precision)
+        return self._reference
+
     def replace_teacher(self, load: Callable[[], object]) -> None:
         """From now on the teacher is what ``load`` returns (loaded when a stage first needs it)."""
-        self.load_teacher, self._teacher = load, None
+        self.load_teacher, self._teacher, self._reference = load, None, None
         self.heldout_teacher_logprobs = []
 
     def load_student(self, stage: str):
@@ -161,10 +173,11 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
     from ..compression.generator_eval import evaluate_own_samples, evaluate_text
 
     settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
+    reference = ctx.reference_teacher
     with progress_bar(len(heldout.prompts), f"evaluate {stage} on teacher text") as bar:
         text = evaluate_text(
-            model,
-            ctx.teacher,
+            reference if model is ctx.teacher else model,  # the teacher against itself: KL 0
+            reference,
             heldout.prompts,
             heldout.responses,
             settings.batch_size,
@@ -183,7 +196,13 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
         )
         with progress_bar(len(heldout.prompts), f"evaluate {stage} on own samples") as bar:
             own, samples = evaluate_own_samples(
-                model, ctx.teacher, heldout.prompts, sampling, ctx.end_ids, progress=bar.update
+                model,
+                reference,
+                heldout.prompts,
+                sampling,
+                ctx.end_ids,
+                ctx.settings.teacher_text.batch_size,
+                bar.update,
             )
         row.kl_own_samples = own.kl
         row.own_sample_tokens = own.tokens / len(samples)
