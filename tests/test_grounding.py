@@ -227,6 +227,38 @@ def test_no_false_alarm_on_grounded_phrasings(text):
     assert check.covered
 
 
+FULL_MATCH = item(required_skills=("python", "sql", "docker"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [  # the first is what the cpu recipe's 5-epoch students wrote for the demo's full match
+        "Strong fit for this job. You have python, sql and docker, but you would need none of your skills.",
+        "Strong fit. You have python and sql; docker is missing from your profile.",
+        "Strong fit. None of your skills match: it needs python.",
+        "Strong fit. You bring python, while you lack docker.",
+    ],
+)
+def test_a_gap_claimed_for_a_full_match_is_caught(text):
+    check = check_explanation(MEMBER, FULL_MATCH, text)
+    assert check.hallucinated and check.false_gap_claims and not check.false_skill_claims
+
+
+def test_full_match_phrasings_and_real_gaps_raise_no_gap_alarm(pairs):
+    for text in (
+        "Strong fit. You have every skill it asks for: python, sql and docker. It is in Berlin, your city.",
+        "Strong fit. You already know python, sql and docker, all that the job requires.",
+    ):
+        assert not check_explanation(MEMBER, FULL_MATCH, text).false_gap_claims, text
+    assert not check_explanation(MEMBER, ITEM, GOOD).false_gap_claims  # a real gap, named
+    full = [(m, i) for m, i in pairs if i.required_skills and set(i.required_skills) <= set(m.skills)]
+    assert len(full) >= 3
+    for member, job in full:  # the writer's own full-match explanations, in several wordings
+        for seed in range(8):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).false_gap_claims, text
+
+
 def test_wrong_verdict_and_missing_coverage_are_caught():
     wrong = check_explanation(MEMBER, ITEM, GOOD.replace("Strong fit", "Weak fit"), decision=True)
     assert wrong.verdict == "Weak fit" and not wrong.verdict_agrees and wrong.decision_agrees is False

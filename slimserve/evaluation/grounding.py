@@ -4,7 +4,8 @@ Per explanation (``check_explanation``):
 
 - **hallucination**: the text names a skill, company, city or industry of the dataset's vocabulary
   (``data.vocab``, and the skills that renamed pairs use, ``data.renaming``) that appears nowhere in the pair (member fields and history, item fields), or it
-  claims the member has a skill they lack;
+  claims the member has a skill they lack, or (when the member has every required skill) claims a gap:
+  a clause with "you (would) need", lack, missing or "none of your/the required skills";
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -53,6 +54,10 @@ _POSSESSION = re.compile(r"\b(you|your|yours|you[\u2019']re|you[\u2019']ve|you[\
 _SHARING = re.compile(r"\b(shared|share|shares|in common|overlap|overlaps|overlapping|match|matches|both)\b")
 _CLAUSE_SPLIT = re.compile(
     r"[.!?;\n]+|\b(?:but|while|whereas|although|though|however|yet|except)\b", re.IGNORECASE
+)
+_GAP = re.compile(
+    r"\byou(?:[\u2019']d| would| will| still)? need\b|\b(?:lack|lacks|lacking|missing)\b|"
+    r"\bnone of (?:your|the required|the) skills\b"
 )
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -162,10 +167,11 @@ class GroundingCheck:
     expected_verdict: str  # the facts' verdict
     decision: bool | None = None  # the scoring student's decision (engage?), when given
     other_verdicts: list[str] = field(default_factory=list)  # other verdicts the text states later
+    false_gap_claims: list[str] = field(default_factory=list)  # clauses claiming a gap a full match lacks
 
     @property
     def hallucinated(self) -> bool:
-        return bool(self.foreign_terms or self.false_skill_claims)
+        return bool(self.foreign_terms or self.false_skill_claims or self.false_gap_claims)
 
     @property
     def covered(self) -> bool | None:
@@ -192,6 +198,7 @@ class GroundingCheck:
         return {
             "foreign_terms": self.foreign_terms,
             "false_skill_claims": self.false_skill_claims,
+            "false_gap_claims": self.false_gap_claims,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -212,7 +219,8 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
             if term not in own and term not in PLAIN_WORDS
         }
     )
-    claimed, named = _claimed_and_named(_mask_titles(text, member, item))
+    masked = _mask_titles(text, member, item)
+    claimed, named = _claimed_and_named(masked)
     owned = {s.lower() for s in member.skills}
     industries = {
         i.lower() for i in (item.industry, *member.industries, *(a.industry for a in member.history))
@@ -229,7 +237,13 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         expected_verdict=verdict_of(facts),
         decision=decision,
         other_verdicts=sorted({f"{v.capitalize()} fit" for v in _VERDICT.findall(text)} - {verdict}),
+        false_gap_claims=_false_gaps(masked) if facts.shared_skills and not facts.missing_skills else [],
     )
+
+
+def _false_gaps(text: str) -> list[str]:
+    """The clauses of ``text`` that claim a missing skill (for a pair that misses none)."""
+    return [c.strip() for c in clauses(text) if _GAP.search(c.lower())]
 
 
 def _rate(values: Iterable[bool | None]) -> tuple[float, int]:
