@@ -13,7 +13,12 @@ import torch
 
 from slimserve.buildstage import artifacts
 from slimserve.buildstage.context import stage_config
-from slimserve.buildstage.generator_served import explain_penalty, served_explanations, served_label
+from slimserve.buildstage.generator_served import (
+    explain_penalty,
+    served_check,
+    served_explanations,
+    served_label,
+)
 from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
     active_stages,
@@ -271,7 +276,7 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     recipe, ctx, _, _ = built
     ctx.recipe = _published_to(recipe, tmp_path / "repo")
     try:
-        version = generator_stages.publish(ctx)
+        version = generator_stages.publish(ctx, served_check(ctx))
     finally:
         ctx.recipe = recipe
     examples = ctx.grounding_examples()[:2]
@@ -295,7 +300,7 @@ def test_a_published_graph_that_misses_a_grounding_gate_publishes_nothing(built,
     ctx.recipe = strict
     try:
         with pytest.raises(BuildError, match=r"published FP32 graph as served.*min_verdict_agreement"):
-            generator_stages.publish(ctx)
+            generator_stages.publish(ctx, served_check(ctx))
     finally:
         ctx.recipe = recipe
     assert not (repository / "generator").exists() or not any((repository / "generator").glob("[0-9]*"))

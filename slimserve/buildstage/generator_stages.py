@@ -587,13 +587,13 @@ def final_model_dir(recipe: Recipe) -> Path:
     return recipe.resolved_work_dir() / FINAL_STAGE / "model"
 
 
-def publish(ctx: GeneratorContext) -> Path:
-    """Export the final student (FP32 greedy parity gate, optional weight-only quantization), gate the
-    graph's grounding as served (``generator_served``) and publish it as a new version of the Triton model
-    ``generator``; returns the version directory."""
+def publish(ctx: GeneratorContext, check_graph: Callable[[Path], dict] | None = None) -> Path:
+    """Export the final student (FP32 greedy parity gate, optional weight-only quantization), run
+    ``check_graph`` on the graph (the build passes ``generator_served.served_check``: its grounding as
+    served, gated) and publish it as a new version of the Triton model ``generator``; returns the
+    version directory."""
     from ..export.generator_config import GeneratorExportConfig
     from ..export.generator_repository import publish_generator
-    from .generator_served import served_check
 
     settings = ctx.settings.publish
     config = GeneratorExportConfig(
@@ -608,7 +608,7 @@ def publish(ctx: GeneratorContext) -> Path:
         ctx.tokenizer_file,
         config,
         written_tokens(ctx) if config.output_vocab is not None else (),
-        served_check(ctx, config.intra_op_threads),
+        check_graph,
     )
 
 

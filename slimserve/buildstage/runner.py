@@ -19,7 +19,7 @@ from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
 from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
-from .generator_served import explain_penalty, served_rows
+from .generator_served import explain_penalty, served_check, served_rows
 from .recipe import Recipe
 from .resumable import StageRunner
 
@@ -236,7 +236,10 @@ def _report_and_publish(
             return
         generator_ran = bool(set(seconds) & set(generator_stages.active_stages(generator.settings)))
         result.generator_published = _publish_once(
-            recipe, "generator", lambda: generator_stages.publish(generator), generator_ran or scorer_ran
+            recipe,
+            "generator",
+            lambda: generator_stages.publish(generator, served_check(generator)),
+            generator_ran or scorer_ran,
         )
         result.generator_rows += served_rows(result.generator_published)
 
