@@ -362,3 +362,27 @@ def test_held_out_skills_are_in_no_training_prompt_and_hold_the_demo_s():
     assert len(set(HELD_OUT_SKILLS)) == len(HELD_OUT_SKILLS) > 50
     assert not set(HELD_OUT_SKILLS) & (set(vocab.SKILLS) | set(RENAMING_SKILLS))
     assert demo - set(vocab.SKILLS) <= set(HELD_OUT_SKILLS)
+
+
+def test_full_matches_get_renamed_copies_listed_then_invented(default_synth):
+    """``teacher_text.full_match_copies``: the full matches of the train prompts, copied with renamed
+    skills (the renaming list's, then invented ones), still full matches with the same verdict."""
+    from slimserve.buildstage.generator_stages import full_matches
+    from slimserve.data.renaming import RENAMING_SKILLS, renamed_copies
+    from slimserve.pair_facts import pair_facts, verdict_for
+
+    dataset, _ = default_synth
+    examples = split_dataset(dataset, seed=0, pool_factor=0).train[:400]
+    full = full_matches(examples)
+    assert full and all(set(e.item.required_skills) <= set(e.member.skills) for e in full)
+    assert len(full) < len(examples)
+    copies = renamed_copies(full, 2, seed=5)
+    assert len(copies) == 2 * len(full) and copies == renamed_copies(full, 2, seed=5)
+    assert renamed_copies(full, 0, seed=5) == []
+    for index, (copy, original) in enumerate(zip(copies, full + full, strict=True)):
+        facts = pair_facts(copy.member, copy.item)
+        assert facts.shared_skills and not facts.missing_skills
+        assert verdict_for(copy.member, copy.item) == verdict_for(original.member, original.item)
+        listed = set(copy.item.required_skills) <= set(RENAMING_SKILLS)
+        assert listed == (index < len(full))  # listed names first, then invented ones
+        assert not set(copy.item.required_skills) & set(original.item.required_skills)

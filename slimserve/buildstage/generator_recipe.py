@@ -88,6 +88,14 @@ class TeacherTextSettings(_Strict):
         description="Share of the renamed prompts whose skills get invented names (random syllables, a "
         "fresh set per pair) instead of the renaming list's: names no list holds can only be copied",
     )
+    full_match_copies: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Extra prompts per full match among the train prompts (the member has every required "
+        "skill): renamed copies, listed names and invented names in turn. Without them the student wrote the "
+        "partial-match sentence ('but you would need none of ...') for a quarter of the full matches",
+    )
 
 
 class GeneratorStudentSettings(_Strict):

@@ -230,6 +230,13 @@ def pick_by_verdict(examples, count: int, seed: int) -> list:
     return pick_balanced(examples, count, seed, lambda e: verdict_for(e.member, e.item))
 
 
+def full_matches(examples: list) -> list:
+    """The pairs whose member has every required skill (and at least one is required)."""
+    from ..pair_facts import pair_facts
+
+    return [e for e in examples if (f := pair_facts(e.member, e.item)).shared_skills and not f.missing_skills]
+
+
 def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[list[int]], list[dict]]:
     """(prompts, answers, records) of the teacher's fine-tune: explanations written from the facts of
     ``finetune.examples`` train-split pairs, and free instructions ``teacher`` answers itself (greedy)."""
@@ -304,7 +311,7 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Write the teacher's text for train prompts (with top-k targets) and held-out prompts, once."""
     from ..compression.generator_data import explain_prompts, generate, pick
-    from ..data.renaming import with_renamed_share
+    from ..data.renaming import renamed_copies, with_renamed_share
 
     settings = ctx.settings.teacher_text
     sampling = Sampling(
@@ -319,10 +326,11 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     ):
         pool = ctx.data.examples[split]  # train prompts balanced by verdict, held-out ones as they come
         if name == "train":
-            examples = pick_by_verdict(pool, count, settings.seed)
+            picked = pick_by_verdict(pool, count, settings.seed)
             examples = with_renamed_share(
-                examples, settings.renamed_share, settings.seed, settings.invented_share
+                picked, settings.renamed_share, settings.seed, settings.invented_share
             )
+            examples += renamed_copies(full_matches(picked), settings.full_match_copies, settings.seed + 17)
         else:
             examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)

@@ -124,3 +124,14 @@ def with_renamed_share(
             example = renamed_skills(example, rng, names)
         renamed.append(example)
     return renamed
+
+
+def renamed_copies(examples: list[Example], copies: int, seed: int) -> list[Example]:
+    """``copies`` renamed copies of ``examples``: all of them with the renaming list's names, then all
+    with invented names, in turn (seeded)."""
+    rng = random.Random(seed)
+    return [
+        renamed_skills(example, rng, RENAMING_SKILLS if copy % 2 == 0 else None)
+        for copy in range(copies)
+        for example in examples
+    ]
