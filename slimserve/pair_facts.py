@@ -83,6 +83,11 @@ class PairFacts:
         return len(self.shared_skills) / required if required else None
 
     @property
+    def full_match(self) -> bool:
+        """The member has every required skill (and the item requires at least one)."""
+        return bool(self.shared_skills) and not self.missing_skills
+
+    @property
     def location_works(self) -> bool:
         return self.location_fit in (SAME_CITY, REMOTE_OPEN)
 

@@ -16,12 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..evaluation.generator_report import SERVED_SUFFIX, GeneratorRow
+from ..export.generator_repository import REPORT_FILE, SERVED_GROUNDING_KEY
 from .generator_stages import GeneratorContext, check_grounding_gates, scorer_decisions
 
 log = logging.getLogger(__name__)
-
-REPORT_KEY = "served_grounding"  # the served row, in the published version's export report
-REPORT_FILE = "export_report.json"
 
 
 def explain_penalty() -> float:
@@ -103,5 +101,5 @@ def served_rows(version_dir: Path | None) -> list[GeneratorRow]:
         report = json.loads((Path(version_dir) / REPORT_FILE).read_text())
     except (OSError, ValueError):
         return []
-    row = report.get(REPORT_KEY)
+    row = report.get(SERVED_GROUNDING_KEY)
     return [GeneratorRow.from_dict(row)] if row else []

@@ -234,7 +234,7 @@ def full_matches(examples: list) -> list:
     """The pairs whose member has every required skill (and at least one is required)."""
     from ..pair_facts import pair_facts
 
-    return [e for e in examples if (f := pair_facts(e.member, e.item)).shared_skills and not f.missing_skills]
+    return [e for e in examples if pair_facts(e.member, e.item).full_match]
 
 
 def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[list[int]], list[dict]]:

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 from .report import ReportRow, _fmt
 
-SERVED_SUFFIX = (
-    " as served"  # the label ending of the published graph's row (``buildstage.generator_served``)
-)
+# The label ending of the published graph's row (``buildstage.generator_served``).
+SERVED_SUFFIX = " as served"
 
 
 def is_served(stage: str) -> bool:

@@ -237,7 +237,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         expected_verdict=verdict_of(facts),
         decision=decision,
         other_verdicts=sorted({f"{v.capitalize()} fit" for v in _VERDICT.findall(text)} - {verdict}),
-        false_gap_claims=_false_gaps(masked) if facts.shared_skills and not facts.missing_skills else [],
+        false_gap_claims=_false_gaps(masked) if facts.full_match else [],
     )
 
 

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MODEL_PY = "model.py"
 REPORT_FILE = "export_report.json"
+SERVED_GROUNDING_KEY = "served_grounding"  # what ``check_graph`` returned, in the export report
 END_OF_TEXT = "<|endoftext|>"
 DEFAULT_MAX_CONTEXT = 2048
 
@@ -158,7 +159,7 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
         )
     if report.get("agreement_quantized"):
         lines.append(f"- {bundle.precision} greedy agreement with PyTorch: {report['agreement_quantized']}")
-    served = report.get("served_grounding")
+    served = report.get(SERVED_GROUNDING_KEY)
     if served:
         lines.append(
             f"- grounding as served (greedy, repetition penalty {served['notes']['repetition_penalty']:g}) on "
@@ -299,7 +300,7 @@ def publish_generator(
         keep = {*eos_token_ids, *output_tokens}
         graph, report = _export_checked(model, tokenizer_file, sequences, config, keep, tmp)
         if check_graph is not None:
-            report["served_grounding"] = check_graph(graph.onnx_path)
+            report[SERVED_GROUNDING_KEY] = check_graph(graph.onnx_path)
         bundle = GeneratorBundle(
             model_name=name,
             model_version=0,  # set at publish
