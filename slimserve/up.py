@@ -116,6 +116,15 @@ def _grounding(row: dict) -> str:
     )
 
 
+def _full_matches(row: dict) -> str:
+    pairs = row.get("full_match_pairs")
+    return (
+        f"; on {pairs} full matches: hallucination {_cell(row.get('full_match_hallucination_rate'), 2)}"
+        if pairs
+        else ""
+    )
+
+
 def _generator_lines(generator: list[dict]) -> list[str]:
     """The generator teacher and student rows; the student's with its published graph's grounding as
     served, when the report has that row."""
@@ -130,7 +139,7 @@ def _generator_lines(generator: list[dict]) -> list[str]:
     for label, row in (("generator teacher", teacher), ("generator student (published)", trained[-1])):
         quality = f"KL to teacher {_cell(row.get('kl_teacher_text'))}, {_grounding(row)}"
         if row is trained[-1] and served:
-            quality += f" (its graph as served: {_grounding(served[-1])})"
+            quality += f" (its graph as served: {_grounding(served[-1])}{_full_matches(served[-1])})"
         speed = f"{_cell(row.get('decode_tokens_per_s'), 1)} tokens/s (PyTorch, 1 stream)"
         lines.append(f"| {label}: {row['stage']} | {quality} | {_size(row)} | {speed} |")
     return lines

@@ -42,6 +42,7 @@ from slimserve.compression.trainer import TrainConfig
 from slimserve.errors import BuildError
 from slimserve.evaluation.generator_report import GeneratorRow
 from slimserve.models.teacher import load_teacher
+from slimserve.pair_facts import pair_facts
 
 EXPECTED = [
     "generator teacher (zero-shot)",
@@ -255,7 +256,13 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     assert [e["key"] for e in row["notes"]["explanations"]] == [
         f"{e.member_id}/{e.item_id}" for e in ctx.grounding_examples()
     ]
-    assert "grounding as served (greedy, repetition penalty 1)" in (version / "MODEL_CARD.md").read_text()
+    card = (version / "MODEL_CARD.md").read_text()
+    assert "grounding as served (greedy, repetition penalty 1)" in card
+    # ... and the test split's full matches, a failure the random held-out pairs rarely hold
+    full = ctx.full_match_examples()
+    assert full and row["full_match_pairs"] == len(full) <= recipe.generator.evaluation.full_match_prompts
+    assert all(pair_facts(e.member, e.item).full_match for e in full)
+    assert f"as served on {len(full)} test-split full matches" in card
 
 
 def _published_to(recipe, repository, **gates):
@@ -395,6 +402,42 @@ def test_scorer_decisions_come_from_the_scoring_students_test_logits(built, tmp_
     index = {(e.member_id, e.item_id): i for i, e in enumerate(test)}
     assert decisions == [bool(margins[index[(e.member_id, e.item_id)]] > 0) for e in examples]
     assert "redistill" in source
+
+
+def test_the_full_match_gate_reads_the_published_graphs_row(built):
+    """``max_full_match_hallucination_rate`` gates the row of the published graph (the only one that
+    explains the full matches); it needs ``full_match_prompts`` to be set."""
+    from slimserve.buildstage.generator_stages import check_grounding_gates
+
+    recipe, _, rows, _ = built
+    gates = recipe.generator.gates.model_copy(update={"max_full_match_hallucination_rate": 0.05})
+    settings = recipe.generator.model_copy(update={"gates": gates})
+    served = GeneratorRow.from_dict(
+        {**rows[-1].as_dict(), "full_match_hallucination_rate": 0.5, "full_match_pairs": 2}
+    )
+    with pytest.raises(
+        BuildError, match=r"hallucination rate 0.500 on 2 test-split full matches.*max_full_match"
+    ):
+        check_grounding_gates(settings, served)
+    check_grounding_gates(
+        settings, GeneratorRow.from_dict({**served.as_dict(), "full_match_hallucination_rate": 0.0})
+    )
+    check_grounding_gates(settings, rows[-1])  # a PyTorch row: no full matches explained, nothing to gate
+    data = recipe.generator.model_dump()
+    data["gates"]["max_full_match_hallucination_rate"] = 0.05
+    data["evaluation"]["full_match_prompts"] = 0
+    with pytest.raises(ValueError, match=r"evaluation\.full_match_prompts"):
+        type(recipe.generator).model_validate(data)
+
+
+def test_the_publish_checks_full_matches_re_run_no_stage(tmp_path):
+    """Only the published graph's check reads ``evaluation.full_match_prompts``."""
+    recipe = tiny_recipe(tmp_path)
+    evaluation = recipe.generator.evaluation.model_copy(update={"full_match_prompts": 9})
+    other = recipe.model_copy(
+        update={"generator": recipe.generator.model_copy(update={"evaluation": evaluation})}
+    )
+    assert all(stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES)
 
 
 def test_grounding_gates_fail_the_build(built):

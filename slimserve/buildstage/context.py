@@ -53,6 +53,10 @@ def _generator_training(recipe: Recipe, settings) -> dict:
     return _training_settings(settings, recipe.generator.resolved_device())
 
 
+# Evaluation settings only the published graph's check reads (``generator_served``): no stage depends on them.
+_PUBLISH_CHECK_ONLY = {"full_match_prompts"}
+
+
 def _generator_base(recipe: Recipe) -> dict:
     """What every generator stage depends on: the data, the original teacher, its text and evaluation,
     and its fine-tune (and the explain prompt template: a new one re-runs every generator stage)."""
@@ -64,7 +68,7 @@ def _generator_base(recipe: Recipe) -> dict:
         "prompt_template": EXPLAIN_TEMPLATE_VERSION,
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": _dump(g.teacher_text),
-        "evaluation": _dump(g.evaluation),
+        "evaluation": g.evaluation.model_dump(mode="json", exclude=_PUBLISH_CHECK_ONLY),
         "finetune": _generator_training(recipe, g.finetune) if g.finetune.enabled else {"enabled": False},
     }
     generation = _on_this_machine(g.generation_precision, g.resolved_device())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..compression.precision import Precision
 from ..compression.trainer import TrainConfig
@@ -152,6 +152,14 @@ class GeneratorEvalSettings(_Strict):
         "training prompt uses (data.renaming.HELD_OUT_SKILLS): coverage and hallucination on names the "
         "model must copy, not recall (0: off)",
     )
+    full_match_prompts: int = Field(
+        0,
+        ge=0,
+        description="Test-split full matches (the member has every required skill; a seeded draw) the "
+        "published graph also explains in its check before publishing: hallucination there, where a gap "
+        "claimed counts, a failure the random grounding pairs hold few chances of. Read by that check only: "
+        "changing it re-publishes and re-runs no stage (0: off)",
+    )
 
 
 class GeneratorGates(_Strict):
@@ -198,6 +206,13 @@ class GeneratorGates(_Strict):
     max_unseen_hallucination_rate: float | None = Field(
         None, ge=0, le=1, description="Largest hallucination rate on those renamed pairs"
     )
+    max_full_match_hallucination_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Largest hallucination rate of the published graph on the test-split full matches "
+        "(evaluation.full_match_prompts, which must then be above 0)",
+    )
 
 
 class GeneratorPublishSettings(GeneratorPublishOptions, _Strict):
@@ -234,6 +249,18 @@ class GeneratorSettings(_Strict):
     evaluation: GeneratorEvalSettings = Field(default_factory=GeneratorEvalSettings)
     gates: GeneratorGates = Field(default_factory=GeneratorGates)
     publish: GeneratorPublishSettings = Field(default_factory=GeneratorPublishSettings)
+
+    @model_validator(mode="after")
+    def _full_match_gate_has_pairs(self) -> GeneratorSettings:
+        if (
+            self.gates.max_full_match_hallucination_rate is not None
+            and not self.evaluation.full_match_prompts
+        ):
+            raise ValueError(
+                "generator.gates.max_full_match_hallucination_rate needs generator.evaluation.full_match_prompts "
+                "above 0 (the full matches the published graph explains)"
+            )
+        return self
 
     def resolved_device(self) -> Literal["cpu", "cuda"]:
         """``device`` on this machine (``auto``: cuda when torch sees a CUDA device)."""

@@ -65,10 +65,14 @@ def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> Gene
     texts = served_explanations(ctx, decoder, examples, penalty)
     summary, _ = evaluate_grounding([(e.member, e.item) for e in examples], texts, decisions)
     row.set_grounding(summary, source if decisions is not None else None)
-    unseen = ctx.unseen_skill_examples()
-    if unseen:
-        unseen_texts = served_explanations(ctx, decoder, unseen, penalty)
-        row.set_unseen_grounding(evaluate_grounding([(e.member, e.item) for e in unseen], unseen_texts)[0])
+    for examples_of, take in (
+        (ctx.unseen_skill_examples, row.set_unseen_grounding),
+        (ctx.full_match_examples, row.set_full_match_grounding),
+    ):
+        more = examples_of()
+        if more:
+            more_texts = served_explanations(ctx, decoder, more, penalty)
+            take(evaluate_grounding([(e.member, e.item) for e in more], more_texts)[0])
     row.notes["explanations"] = [
         {"key": f"{e.member_id}/{e.item_id}", "text": t} for e, t in zip(examples, texts, strict=True)
     ]

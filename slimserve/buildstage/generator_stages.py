@@ -115,6 +115,16 @@ class GeneratorContext:
         count = self.settings.evaluation.unseen_skill_prompts
         return [renamed_skills(e, rng, HELD_OUT_SKILLS) for e in self.grounding_examples()[:count]]
 
+    def full_match_examples(self) -> list:
+        """Up to ``evaluation.full_match_prompts`` test-split pairs whose member has every required skill
+        (seeded draw): the published graph explains them too (``generator_served``)."""
+        from ..compression.generator_data import pick
+
+        count = self.settings.evaluation.full_match_prompts
+        if not count:
+            return []
+        return pick(full_matches(self.data.examples["test"]), count, self.settings.teacher_text.seed)
+
     @cached_property
     def tokenizer(self):
         from tokenizers import Tokenizer
@@ -469,6 +479,7 @@ def check_grounding_gates(settings: GeneratorSettings, final: GeneratorRow) -> N
     gates = settings.gates
     measured = f"on {final.grounding_pairs} held-out explanations"
     unseen = f"on {final.unseen_pairs} held-out pairs renamed to unseen skills"
+    full = f"on {final.full_match_pairs} test-split full matches"
     for value, limit, name, gate, where in (
         (final.hallucination_rate, gates.max_hallucination_rate, "hallucination rate", "max_hallucination_rate", measured),
         (final.coverage, gates.min_coverage, "coverage of shared skills", "min_coverage", measured),
@@ -480,9 +491,11 @@ def check_grounding_gates(settings: GeneratorSettings, final: GeneratorRow) -> N
          "max_unseen_hallucination_rate", unseen),
         (final.unseen_coverage, gates.min_unseen_coverage, "coverage of shared skills", "min_unseen_coverage",
          unseen),
+        (final.full_match_hallucination_rate, gates.max_full_match_hallucination_rate, "hallucination rate",
+         "max_full_match_hallucination_rate", full),
     ):  # fmt: skip
-        if limit is None:
-            continue
+        if limit is None or (gate == "max_full_match_hallucination_rate" and not final.full_match_pairs):
+            continue  # only the published graph's check explains the full matches
         upper = gate.startswith("max_")
         if not (value <= limit if upper else value >= limit):
             relation = "above" if upper else "below"

@@ -166,6 +166,11 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
             f"{served['grounding_pairs']} held-out pairs: hallucination {_rate(served['hallucination_rate'])}, "
             f"coverage {_rate(served['coverage'])}, verdict agreement {_rate(served['verdict_agreement'])}"
         )
+        if served.get("full_match_pairs"):
+            lines.append(
+                f"- as served on {served['full_match_pairs']} test-split full matches (the member has every "
+                f"required skill): hallucination {_rate(served['full_match_hallucination_rate'])}"
+            )
     return "\n".join(lines) + "\n"
 
 
