@@ -261,6 +261,9 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     # ... and the test split's full matches, a failure the random held-out pairs rarely hold
     full = ctx.full_match_examples()
     assert full and row["full_match_pairs"] == len(full) <= recipe.generator.evaluation.full_match_prompts
+    assert [e["key"] for e in row["notes"]["full_match_explanations"]] == [
+        f"{e.member_id}/{e.item_id}" for e in full
+    ]
     assert all(pair_facts(e.member, e.item).full_match for e in full)
     assert f"as served on {len(full)} test-split full matches" in card
 

@@ -51,6 +51,11 @@ def served_explanations(ctx: GeneratorContext, decoder, examples: list, penalty:
     return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
 
 
+def _keyed(examples: list, texts: list[str]) -> list[dict]:
+    """Each pair's ``member_id/item_id`` with its text (kept in the export report)."""
+    return [{"key": f"{e.member_id}/{e.item_id}", "text": t} for e, t in zip(examples, texts, strict=True)]
+
+
 def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> GeneratorRow:
     """The grounding of the graph at ``onnx_path`` as served (its teacher-forced columns stay empty)."""
     from ..evaluation.grounding import evaluate_grounding
@@ -65,17 +70,16 @@ def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> Gene
     texts = served_explanations(ctx, decoder, examples, penalty)
     summary, _ = evaluate_grounding([(e.member, e.item) for e in examples], texts, decisions)
     row.set_grounding(summary, source if decisions is not None else None)
-    for examples_of, take in (
-        (ctx.unseen_skill_examples, row.set_unseen_grounding),
-        (ctx.full_match_examples, row.set_full_match_grounding),
+    row.notes["explanations"] = _keyed(examples, texts)
+    for examples_of, take, note in (
+        (ctx.unseen_skill_examples, row.set_unseen_grounding, "unseen_skill_explanations"),
+        (ctx.full_match_examples, row.set_full_match_grounding, "full_match_explanations"),
     ):
         more = examples_of()
         if more:
             more_texts = served_explanations(ctx, decoder, more, penalty)
             take(evaluate_grounding([(e.member, e.item) for e in more], more_texts)[0])
-    row.notes["explanations"] = [
-        {"key": f"{e.member_id}/{e.item_id}", "text": t} for e, t in zip(examples, texts, strict=True)
-    ]
+            row.notes[note] = _keyed(more, more_texts)
     row.notes["seconds"] = round(time.perf_counter() - started, 1)
     log.info("%s: %s", row.stage, {k: v for k, v in row.as_dict().items() if k != "notes"})
     return row
