@@ -91,6 +91,21 @@ def test_up_keeps_triton_s_free_picks_off_its_services_ports():
     assert config.triton_config(("scorer",)).avoid_ports == (50051, 50052)
 
 
+def test_start_waits_for_metrics_too_unless_metrics_are_off(tmp_path: Path):
+    """Triton opens metrics after HTTP: ``start`` must not return before a scrape could connect."""
+    ports = {"grpc": 1, "http": 2, "metrics": 3}
+    server = TritonServer(TritonServerConfig(model_repository=tmp_path, load_models=("scorer",)))
+    server._ports = ports
+    assert server._ready_urls() == [
+        "http://127.0.0.1:2/v2/health/ready",
+        "http://127.0.0.1:2/v2/models/scorer/ready",
+        "http://127.0.0.1:3/metrics",
+    ]
+    off = TritonServer(TritonServerConfig(model_repository=tmp_path, extra_args=("--allow-metrics=false",)))
+    off._ports = ports
+    assert off._ready_urls() == ["http://127.0.0.1:2/v2/health/ready"]
+
+
 def test_missing_binary_raises_launch_error(tmp_path: Path):
     config = TritonServerConfig(model_repository=tmp_path, binary=tmp_path / "no-tritonserver")
     with pytest.raises(TritonLaunchError, match="no-tritonserver"):

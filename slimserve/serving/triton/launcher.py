@@ -344,28 +344,42 @@ class TritonServer:
             handle.seek(offset)
             return handle.read().decode(errors="replace")
 
-    def _http_ok(self, path: str) -> bool:
+    @staticmethod
+    def _url_ok(url: str) -> bool:
         try:
-            with _NO_PROXY.open(f"{self.http_url}{path}", timeout=2) as response:
+            with _NO_PROXY.open(url, timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def _wait_ready(self) -> None:
+    def _ready_urls(self) -> list[str]:
+        """What must answer 200 before ``start`` returns: health, each requested model, and metrics.
+
+        Triton opens its metrics endpoint after the HTTP one, so HTTP ready alone does not mean a
+        scrape (or perf_analyzer's metrics collection) would connect yet.
+        """
         cfg = self.config
         paths = ["/v2/health/ready"] + [f"/v2/models/{name}/ready" for name in cfg.load_models]
+        urls = [f"{self.http_url}{path}" for path in paths]
+        if "--allow-metrics=false" not in cfg.extra_args:
+            urls.append(self.metrics_url)
+        return urls
+
+    def _wait_ready(self) -> None:
+        cfg = self.config
+        urls = self._ready_urls()
         deadline = time.monotonic() + cfg.startup_timeout_s
         while True:
             assert self._process is not None
             code = self._process.poll()
             if code is not None:
                 raise TritonLaunchError(self._failure(f"tritonserver exited with code {code} during start"))
-            if all(self._http_ok(path) for path in paths):
+            if all(self._url_ok(url) for url in urls):
                 return
             if time.monotonic() > deadline:
                 raise TritonLaunchError(
                     self._failure(
-                        f"tritonserver not ready after {cfg.startup_timeout_s:g} s (waited for {paths})"
+                        f"tritonserver not ready after {cfg.startup_timeout_s:g} s (waited for {urls})"
                     )
                 )
             time.sleep(_POLL_INTERVAL_S)
