@@ -479,10 +479,10 @@ def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
 
 
 def test_renaming_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
-    """``renamed_share`` and ``invented_share`` only choose the distillation prompts: changing either
-    keeps the fine-tuned teacher and re-runs every stage from its text on."""
+    """``renamed_share``, ``invented_share`` and ``full_match_copies`` only choose the distillation
+    prompts: changing one keeps the fine-tuned teacher and re-runs every stage from its text on."""
     recipe = tiny_recipe(tmp_path)
-    for field, value in (("renamed_share", 0.25), ("invented_share", 0.75)):
+    for field, value in (("renamed_share", 0.25), ("invented_share", 0.75), ("full_match_copies", 3)):
         text = recipe.generator.teacher_text.model_copy(update={field: value})
         other = recipe.model_copy(
             update={"generator": recipe.generator.model_copy(update={"teacher_text": text})}

@@ -126,13 +126,24 @@ def test_explain_prompt_states_the_computed_facts_and_only_the_pairs_terms():
     }
 
 
+def test_explain_prompt_states_a_full_match_or_no_match_in_one_line_without_a_list_of_none():
+    full = render_explain_request(MEMBER, item(required_skills=["python", "sql"]))
+    assert full.startswith("Job: Software Engineer at Globex Corporation\nFacts:\n")
+    assert "- skills the member has: all 2 required (python and sql)\n" in full
+    assert "lacks" not in full and "none" not in full.lower()
+    no_match = render_explain_request(MEMBER, item(required_skills=["kubernetes"]))
+    assert "- skills the member lacks: the one required (kubernetes)\n" in no_match
+    assert "skills the member has" not in no_match
+
+
 def test_explain_prompt_versions(pairs):
     for member, item_ in pairs[:50]:  # every synthetic pair renders, and the verdict line is the rule's
         prompt = render_explain_request(member, item_)
         assert f"- verdict: {verdict_for(member, item_)}\n" in prompt
         facts = pair_facts(member, item_)
         for skills in (facts.shared_skills, facts.missing_skills):  # the lists as explanations say them
-            assert not skills or f"): {join_words(skills)}\n" in prompt
+            assert not skills or f"{join_words(skills)}\n" in prompt or f"({join_words(skills)})\n" in prompt
+        assert "Member:" not in prompt and len(prompt) < len(render_explain_request(member, item_, "explain-v3"))
     old = render_explain_request(MEMBER, ITEM, "explain-v1")
     assert "Facts:" not in old and "Member skills: python, sql, docker, aws" in old
     v2 = render_explain_request(MEMBER, item(location="Paris"), "explain-v2")  # lists as v2 served them
@@ -141,8 +152,10 @@ def test_explain_prompt_versions(pairs):
     assert (
         "- required skills: none listed\n" in none_required and "skills the member has" not in none_required
     )
+    v3 = render_explain_request(MEMBER, item(required_skills=["python", "sql"]), "explain-v3")
+    assert v3.startswith("Member: ") and "- skills the member lacks (0 of 2 required): none\n" in v3
     assert EXPLAIN_TEMPLATE_VERSION in SERVED_EXPLAIN_TEMPLATES
-    assert {"explain-v1", "explain-v2"} <= set(SERVED_EXPLAIN_TEMPLATES)
+    assert {"explain-v1", "explain-v2", "explain-v3"} <= set(SERVED_EXPLAIN_TEMPLATES)
     with pytest.raises(ValueError, match="unknown explain template 'explain-v0'"):
         render_explain_request(MEMBER, ITEM, "explain-v0")
 

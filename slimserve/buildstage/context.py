@@ -77,7 +77,7 @@ def _generator_base(recipe: Recipe) -> dict:
 
 
 # Teacher-text settings that choose the distillation prompts: the fine-tune reads none of them.
-_TEXT_ONLY = {"renamed_share", "invented_share"}
+_TEXT_ONLY = {"renamed_share", "invented_share", "full_match_copies"}
 
 
 def _generator_finetune(recipe: Recipe) -> dict:
