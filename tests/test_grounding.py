@@ -143,7 +143,9 @@ def test_explain_prompt_versions(pairs):
         facts = pair_facts(member, item_)
         for skills in (facts.shared_skills, facts.missing_skills):  # the lists as explanations say them
             assert not skills or f"{join_words(skills)}\n" in prompt or f"({join_words(skills)})\n" in prompt
-        assert "Member:" not in prompt and len(prompt) < len(render_explain_request(member, item_, "explain-v3"))
+        assert "Member:" not in prompt and len(prompt) < len(
+            render_explain_request(member, item_, "explain-v3")
+        )
     old = render_explain_request(MEMBER, ITEM, "explain-v1")
     assert "Facts:" not in old and "Member skills: python, sql, docker, aws" in old
     v2 = render_explain_request(MEMBER, item(location="Paris"), "explain-v2")  # lists as v2 served them
