@@ -111,9 +111,12 @@ def summary_table(report: dict) -> str:
 
 
 def _grounding(row: dict) -> str:
-    return (
+    text = (
         f"hallucination {_cell(row.get('hallucination_rate'), 2)}, coverage {_cell(row.get('coverage'), 2)}"
     )
+    if row.get("repetition_rate") is not None:  # reports from before the measure lack it
+        text += f", sentence repeated {_cell(row['repetition_rate'], 2)}"
+    return text
 
 
 def _full_matches(row: dict) -> str:

@@ -386,7 +386,8 @@ def test_every_model_is_evaluated_for_grounding(built):
     from slimserve.evaluation.generator_report import generator_table
 
     table = generator_table(rows)
-    assert "| hallucination | coverage | verdict = facts | verdict = scorer |" in table
+    assert "| hallucination | coverage | verdict = facts | verdict = scorer | sentence repeated |" in table
+    assert all(0 <= row.repetition_rate <= 1 for row in rows if row.grounding_pairs)
     assert "| unseen skills: hallucination | unseen skills: coverage |" in table
     assert "| generator teacher (zero-shot) | - | - | - |" in table
 

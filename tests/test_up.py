@@ -85,6 +85,7 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert "Teacher vs students" in output and "| scoring student (published)" in output
     assert "| generator student (published)" in output
     assert "(its graph as served: hallucination" in output  # the exported graph, gated as Explain decodes
+    assert ", sentence repeated " in output  # ... and how often a text says one sentence twice
     assert "; on 2 full matches: hallucination" in output  # ... and on the test split's full matches
     assert "| generator (a)+(b), published FP32 graph as served |" in output  # in the generator's table
 

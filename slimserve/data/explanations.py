@@ -7,8 +7,10 @@ the ``explain-v3`` prompt); on the synthetic data the three verdicts separate th
 and 12% engaged; docs/generator-build.md).
 
 **Wording** (``write_explanation``): the verdict sentence, then the skills sentence (always second, so a
-length-limited answer still names them), then level, location, industry and activity in a shuffled order;
-every fact has several phrasings, all drawn from a seeded ``random.Random``. The text names only the pair's
+length-limited answer still names them), then level, location, industry and activity in the order the
+prompt states them; every fact has several phrasings, all drawn from a seeded ``random.Random``. The order
+is fixed because with a shuffled one the fine-tuned teacher, and the student after it, lost track of what
+they had said and stated a fact twice (docs/generator-build.md). The text names only the pair's
 own skills, companies, cities and industries; ``evaluation.grounding`` checks exactly that. The activity
 is mentioned only when it concerns the item's company or industry.
 """
@@ -183,14 +185,14 @@ def _activity_sentence(rng: random.Random, f: PairFacts) -> str | None:
 
 
 def write_explanation(member: Member, item: Item, rng: random.Random) -> str:
-    """A short explanation of the pair from its facts: verdict, skills, then the other facts shuffled."""
+    """A short explanation of the pair from its facts: verdict, skills, then the other facts in the
+    prompt's order."""
     f = pair_facts(member, item)
     first = [_verdict_sentence(rng, verdict_of(f), f), _skills_sentence(rng, f)]
     rest = [_level_sentence(rng, f), _location_sentence(rng, f), _industry_sentence(rng, f)]
     activity = _activity_sentence(rng, f)
     if activity is not None:
         rest.append(activity)
-    rng.shuffle(rest)
     return " ".join(first + rest)
 
 

@@ -33,6 +33,7 @@ class GeneratorRow(ReportRow):
     coverage: float = float("nan")  # of those with a shared skill, the share naming one
     verdict_agreement: float = float("nan")  # verdict = the facts' verdict
     decision_agreement: float = float("nan")  # Strong/Weak verdict = the scoring student's decision
+    repetition_rate: float = float("nan")  # held-out explanations stating a sentence twice
     grounding_pairs: int = 0
     unseen_hallucination_rate: float = float("nan")  # the same, on pairs renamed to unseen skills
     unseen_coverage: float = float("nan")
@@ -47,6 +48,7 @@ class GeneratorRow(ReportRow):
         self.coverage = summary.coverage
         self.verdict_agreement = summary.verdict_agreement
         self.decision_agreement = summary.decision_agreement
+        self.repetition_rate = summary.repetition_rate
         self.grounding_pairs = summary.pairs
         details = {
             k: v
@@ -91,6 +93,7 @@ COLUMNS = (
     ("coverage", lambda r: _fmt(r.coverage, 2)),
     ("verdict = facts", lambda r: _fmt(r.verdict_agreement, 2)),
     ("verdict = scorer", lambda r: _fmt(r.decision_agreement, 2)),
+    ("sentence repeated", lambda r: _fmt(r.repetition_rate, 2)),
     ("unseen skills: hallucination", lambda r: _fmt(r.unseen_hallucination_rate, 2)),
     ("unseen skills: coverage", lambda r: _fmt(r.unseen_coverage, 2)),
     ("full matches: hallucination", lambda r: _fmt(r.full_match_hallucination_rate, 2)),

@@ -11,6 +11,9 @@ Per explanation (``check_explanation``):
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
   with the verdict the facts call for (``pair_facts.verdict_of``); no verdict is a disagreement, and so
   is a text that later states another verdict ("Strong fit ... Weak fit overall": it says both);
+- **repetition**: the text states one sentence twice (compared without case and spacing; "It is in
+  retail, your industry. [...] It is in retail, your industry."). Not a hallucination, but a fault a
+  reader sees at once;
 - **decision agreement** (when the scoring student's decision is given): ``Strong fit`` agrees with
   "engage", ``Weak fit`` with "not engage"; a ``Partial fit`` makes no yes/no claim and is left out,
   a missing verdict disagrees.
@@ -61,6 +64,7 @@ _GAP = re.compile(
 )
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,7 @@ class GroundingCheck:
     decision: bool | None = None  # the scoring student's decision (engage?), when given
     other_verdicts: list[str] = field(default_factory=list)  # other verdicts the text states later
     false_gap_claims: list[str] = field(default_factory=list)  # clauses claiming a gap a full match lacks
+    repeated_sentences: list[str] = field(default_factory=list)  # sentences stated twice
 
     @property
     def hallucinated(self) -> bool:
@@ -238,7 +243,20 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         decision=decision,
         other_verdicts=sorted({f"{v.capitalize()} fit" for v in _VERDICT.findall(text)} - {verdict}),
         false_gap_claims=_false_gaps(masked) if facts.full_match else [],
+        repeated_sentences=repeated_sentences(text),
     )
+
+
+def repeated_sentences(text: str) -> list[str]:
+    """The sentences ``text`` states more than once (lower-cased, spacing collapsed), in order."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for sentence in _SENTENCE_END.split(text):
+        key = " ".join(sentence.lower().split())
+        if key in seen and key not in repeated:
+            repeated.append(key)
+        seen.add(key)
+    return [r for r in repeated if r]
 
 
 def _false_gaps(text: str) -> list[str]:
@@ -263,6 +281,7 @@ class GroundingSummary:
     decision_agreement: float  # over the pairs with a decision and a Strong/Weak or missing verdict
     decision_pairs: int
     verdicts: dict[str, int] = field(default_factory=dict)  # how often each verdict was written
+    repetition_rate: float = float("nan")  # share stating a sentence twice
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -276,8 +295,17 @@ def summarize(checks: Sequence[GroundingCheck]) -> GroundingSummary:
     decision, decision_pairs = _rate(c.decision_agrees for c in checks)
     verdicts = {v: sum(c.verdict == v for c in checks) for v in VERDICTS}
     verdicts["none"] = sum(c.verdict is None for c in checks)
+    repetition, _ = _rate(bool(c.repeated_sentences) for c in checks)
     return GroundingSummary(
-        len(checks), hallucination, coverage, coverage_pairs, verdict, decision, decision_pairs, verdicts
+        len(checks),
+        hallucination,
+        coverage,
+        coverage_pairs,
+        verdict,
+        decision,
+        decision_pairs,
+        verdicts,
+        repetition_rate=repetition,
     )
 
 
