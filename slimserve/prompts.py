@@ -179,7 +179,7 @@ def render_scoring_prompt(member: Member, item: Item, version: str = SCORING_TEM
 # model explains them instead of computing them. ``explain-v3`` states the same facts with each skill list
 # counted ("2 of 3 required") and punctuated as the explanations say it ("A, B and C"), so a small
 # student copies a span rather than deciding where a list ends. ``explain-v4`` is ``explain-v3`` made
-# short (about 135 prompt tokens, not 205: the member's and the item's profile lines, which the facts
+# short (about 150 prompt tokens, not 200: the member's and the item's profile lines, which the facts
 # repeat, give way to the item's title and company) and states a full match, or a pair with none of the
 # skills, in one line ("all 3 required") instead of a count and a list of "none", which a small student
 # copied into a false gap ("but you would need none of them"). Shorter prompts are cheaper to train on
@@ -245,7 +245,7 @@ def _skill_facts(f: PairFacts, version: str) -> list[str]:
     required = len(f.shared_skills) + len(f.missing_skills)
     if not required:
         return ["- required skills: none listed"]
-    if version != "explain-v3" and not (f.shared_skills and f.missing_skills):
+    if version != "explain-v3" and not (f.shared_skills and f.missing_skills):  # from explain-v4 on
         has_all = not f.missing_skills
         which = "has" if has_all else "lacks"
         every = "the one required" if required == 1 else f"all {required} required"
