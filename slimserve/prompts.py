@@ -302,7 +302,7 @@ def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TE
         raise ValueError(
             f"unknown explain template {version!r}; known: {', '.join(SERVED_EXPLAIN_TEMPLATES)}"
         )
-    if version == EXPLAIN_TEMPLATE_VERSION:
+    if version == "explain-v4":
         return (
             f"{kind.capitalize()}: {item.title or 'untitled'} at {item.company or 'unknown company'}\n"
             f"{render_facts(member, item, version)}"

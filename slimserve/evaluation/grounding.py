@@ -253,10 +253,10 @@ def repeated_sentences(text: str) -> list[str]:
     repeated: list[str] = []
     for sentence in _SENTENCE_END.split(text):
         key = " ".join(sentence.lower().split())
-        if key in seen and key not in repeated:
+        if key and key in seen and key not in repeated:
             repeated.append(key)
         seen.add(key)
-    return [r for r in repeated if r]
+    return repeated
 
 
 def _false_gaps(text: str) -> list[str]:
