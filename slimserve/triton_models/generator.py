@@ -9,7 +9,9 @@ the standard library only): it runs in Triton's python stub, possibly where slim
 The model is decoupled. ``execute`` only validates and enqueues; one background thread runs the decoding
 loop: at every step it admits queued requests into free slots (a prefill of the prompt, whose logits give
 the first token), then decodes one token for every active sequence in one ONNX Runtime run, and streams
-each sequence's token through its response sender. The batched KV cache is right-padded: row ``b`` holds
+each sequence's token through its response sender. Every round trip to the Triton process (sending a
+response, asking whether a request was cancelled) runs on a second thread, the ``Messenger``, while
+ONNX Runtime computes the next step. The batched KV cache is right-padded: row ``b`` holds
 ``lengths[b]`` valid positions and the attention mask tells the GQA kernel each row's length, so rows of
 different lengths decode together. A sequence that stops (end token, stop id, ``max_tokens``,
 cancellation) leaves the batch at once without holding the others.
@@ -21,6 +23,7 @@ and run outside Triton; the export's parity check drives the same ``BatchEngine`
 import collections
 import json
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -535,6 +538,7 @@ class Pending:
     arrived: float
     unsent: list = field(default_factory=list)  # tokens held back by ``stream_interval``
     sent_first: bool = False
+    cancelled: bool = False  # set by the ``Messenger``'s checks; the decoding loop then drops it
 
 
 def _is_cancelled(pending):
@@ -547,6 +551,61 @@ def _is_cancelled(pending):
             except Exception:  # the request may already be released
                 return False
     return False
+
+
+class Messenger:
+    """The decoding loop's round trips to the Triton process, on a thread of their own: it makes the
+    posted calls (sending responses) in order, and every ``check_interval_s`` while there is work asks
+    each request ``watched()`` returns whether it was cancelled (setting ``Pending.cancelled``). Each of
+    those calls waits for the Triton process; here they overlap the ONNX Runtime step instead of
+    delaying it."""
+
+    _STOP = object()
+
+    def __init__(self, watched, check_interval_s):
+        self.watched = watched  # () -> the Pending requests to check (running and queued)
+        self.check_interval_s = check_interval_s
+        self.outbox = queue.SimpleQueue()
+        self.busy = threading.Event()  # set while requests run or wait: cancellation checks are due
+        self.thread = threading.Thread(target=self._run, name="generator-messenger", daemon=True)
+        self.thread.start()
+
+    def post(self, call, *args):
+        """Queue ``call(*args)`` (made after every call posted before it)."""
+        self.outbox.put((call, args))
+
+    def close(self, timeout=30):
+        """Send what is queued, then stop the thread."""
+        self.outbox.put(self._STOP)
+        self.busy.set()
+        self.thread.join(timeout=timeout)
+
+    def _run(self):
+        due = 0.0
+        while True:
+            # Idle: block until a response comes (the loop posts one soon after it takes work).
+            wait = max(0.0, due - time.monotonic()) if self.busy.is_set() else None
+            try:
+                message = self.outbox.get(timeout=wait)
+            except queue.Empty:
+                message = None
+            if message is self._STOP:
+                return
+            if message is not None:
+                self._make(*message)
+            if self.busy.is_set() and time.monotonic() >= due:
+                due = time.monotonic() + self.check_interval_s
+                for pending in self.watched():
+                    if not pending.cancelled and _is_cancelled(pending):
+                        pending.cancelled = True
+
+    @staticmethod
+    def _make(call, args):
+        try:
+            call(*args)
+        except Exception as exc:  # keep the thread alive for the other requests
+            if pb_utils is not None:
+                pb_utils.Logger.log_error(f"generator: {call.__name__} failed: {exc}")
 
 
 def _read_tensors(request):
@@ -620,12 +679,12 @@ class TritonPythonModel:
         self.log_every = int(param("log_every_steps", "200"))
         self.stream_interval = max(1, int(param("stream_interval", "1")))
         self.metrics_interval_s = float(param("metrics_interval_s", "0.5"))
-        # Each is_cancelled() is a round trip to the Triton process: checked every few ms, not every step.
-        self.cancel_check_interval_s = float(param("cancel_check_interval_s", "0.01"))
-        self._cancel_check_due = 0.0
         self.queue = collections.deque()
-        self.running = {}  # key -> Pending
+        self.running = {}  # key -> Pending; changed by the decoding loop under ``cond``
         self.cond = threading.Condition()
+        # Each is_cancelled() is a round trip to the Triton process: the messenger asks every 50 ms
+        # (a cancelled request then holds its slot that long at most, beyond the step that runs).
+        self.messenger = Messenger(self._watched, float(param("cancel_check_interval_s", "0.05")))
         self.stopping = False
         self._next_key = 0
         self._next_log = 0
@@ -691,21 +750,31 @@ class TritonPythonModel:
             with self.cond:
                 idle = not self.stopping and not self.queue and not self.running
             if idle:
+                self.messenger.busy.clear()
                 self._update_metrics(force=True)  # exact counters whenever the model is idle
             with self.cond:
                 while not self.stopping and not self.queue and not self.running:
                     self.cond.wait()
                 if self.stopping:
                     return
+            self.messenger.busy.set()
             try:
                 self._iteration()
             except Exception as exc:  # an ORT failure: end every running request, keep serving
                 pb_utils.Logger.log_error(f"generator: decoding step failed: {type(exc).__name__}: {exc}")
-                for pending in self.running.values():
-                    self._fail(pending.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
-                self.running.clear()
+                with self.cond:
+                    failed = list(self.running.values())
+                    self.running.clear()
+                message = f"generation failed: {type(exc).__name__}: {exc}"
+                for pending in failed:
+                    self.messenger.post(self._fail, pending.sender, message, "INTERNAL")
                 self.engine.reset()
             self._update_metrics()
+
+    def _watched(self):
+        """The requests the messenger checks for cancellation: running, then queued."""
+        with self.cond:
+            return [*self.running.values(), *self.queue]
 
     def _update_metrics(self, force=False):
         """Add new steps and tokens to the counters and set the gauge: at most every
@@ -730,12 +799,13 @@ class TritonPythonModel:
                 if not self.queue:
                     break
                 pending = self.queue.popleft()
-            if _is_cancelled(pending):
+            if pending.cancelled:
                 self._finish(pending, "cancelled")
                 continue
             key = self._next_key
             self._next_key += 1
-            self.running[key] = pending
+            with self.cond:
+                self.running[key] = pending
             self._emit(self.engine.start(key, pending.job))
         batch = self.engine.active
         for event in self.engine.step():
@@ -748,20 +818,16 @@ class TritonPythonModel:
             )
 
     def _drop_cancelled(self):
-        now = time.monotonic()
-        if now < self._cancel_check_due:
-            return
-        self._cancel_check_due = now + self.cancel_check_interval_s
-        cancelled = [key for key, pending in self.running.items() if _is_cancelled(pending)]
-        if cancelled:
-            self.engine.drop(cancelled)
-            for key in cancelled:
-                self._finish(self.running.pop(key), "cancelled")
+        """End the requests the messenger found cancelled, running or queued."""
         with self.cond:
-            waiting = [p for p in self.queue if _is_cancelled(p)]
+            cancelled = [key for key, pending in self.running.items() if pending.cancelled]
+            dropped = [self.running.pop(key) for key in cancelled]
+            waiting = [p for p in self.queue if p.cancelled]
             for pending in waiting:
                 self.queue.remove(pending)
-        for pending in waiting:
+        if cancelled:
+            self.engine.drop(cancelled)
+        for pending in dropped + waiting:
             self._finish(pending, "cancelled")
 
     def _emit(self, event):
@@ -771,16 +837,18 @@ class TritonPythonModel:
         if event.token is not None:
             pending.unsent.append(event.token)
         if event.finish_reason:
-            del self.running[event.key]
+            with self.cond:
+                del self.running[event.key]
         elif pending.sent_first and len(pending.unsent) < self.stream_interval:
             return
         tokens, pending.unsent, pending.sent_first = pending.unsent, [], True
-        self._send(pending, tokens, event.finish_reason)
+        self.messenger.post(self._send, pending, tokens, event.finish_reason)
 
     def _finish(self, pending, reason):
-        self._send(pending, [], reason)
+        self.messenger.post(self._send, pending, [], reason)
 
     def _send(self, pending, tokens, reason):
+        """One response (on the messenger's thread): ``tokens``, and ``reason`` when it is the last."""
         outputs = [
             pb_utils.Tensor("token_ids", np.asarray(tokens, dtype=np.int64)),
             pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)),
@@ -790,7 +858,7 @@ class TritonPythonModel:
             self.finish_metrics[reason].increment(1)
         try:
             pending.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
-        except Exception as exc:  # the client went away; its sequence is dropped at the next step
+        except Exception as exc:  # the client went away; its sequence is dropped at the next check
             if reason != "cancelled":
                 pb_utils.Logger.log_warn(f"generator: could not send a response: {exc}")
 
@@ -799,10 +867,12 @@ class TritonPythonModel:
             self.stopping = True
             self.cond.notify_all()
         self.thread.join(timeout=30)
-        leftover = list(self.running.values()) + list(self.queue)
-        self.running.clear()
-        self.queue.clear()
+        with self.cond:
+            leftover = list(self.running.values()) + list(self.queue)
+            self.running.clear()
+            self.queue.clear()
         for pending in leftover:
-            self._fail(pending.sender, "the generator model is unloading", "UNAVAILABLE")
+            self.messenger.post(self._fail, pending.sender, "the generator model is unloading", "UNAVAILABLE")
+        self.messenger.close()
         self.engine = None
         self.decoder = None
