@@ -280,6 +280,42 @@ def test_full_match_phrasings_and_real_gaps_raise_no_gap_alarm(pairs):
             assert not check_explanation(member, job, text).false_gap_claims, text
 
 
+@pytest.mark.parametrize(
+    ("seniority", "text"),
+    [  # ITEM is senior; the first is what a fine-tuned teacher and its students wrote for a same-level pair
+        (Seniority.SENIOR, "Strong fit. You have python and sql. It is a step up from senior."),
+        (Seniority.MID, "Strong fit. You have python and sql. It is at your level (senior)."),
+        (Seniority.MID, "Strong fit. You have python and sql. It is senior, one level below you."),
+        (Seniority.ENTRY, "Strong fit. You have python and sql. It is 3 steps up from entry-level."),
+        (Seniority.UNSPECIFIED, "Strong fit. You have python and sql. The senior level matches yours."),
+    ],
+)
+def test_a_level_gap_the_pair_lacks_is_caught(seniority, text):
+    member = Member(**{**MEMBER.__dict__, "seniority": seniority})
+    check = check_explanation(member, ITEM, text)
+    assert check.hallucinated and check.false_level_claims and not check.foreign_terms
+
+
+def test_level_phrasings_that_state_the_gap_raise_no_alarm(pairs):
+    for seniority, text in (
+        (Seniority.SENIOR, GOOD),  # "The senior level matches yours"
+        (Seniority.MID, "Strong fit. It is senior, one level above your level. You have python."),
+        (Seniority.ENTRY, "Strong fit. It is 2 steps up from entry-level, not a level you hold yet."),
+        (Seniority.LEAD, "Strong fit. It is a step down from lead. It is not at your level."),
+        (Seniority.UNSPECIFIED, "Strong fit. The level cannot be compared. You have python."),
+    ):
+        member = Member(**{**MEMBER.__dict__, "seniority": seniority})
+        assert not check_explanation(member, ITEM, text).false_level_claims, text
+    gaps = set()
+    for member, job in pairs:  # the writer's level sentences, in every wording, at every gap it meets
+        facts = pair_facts(member, job)
+        gaps.add(facts.level_gap)
+        for seed in range(6):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).false_level_claims, (facts.level_gap, text)
+    assert {0, 1, -1, 2, -2} <= gaps
+
+
 def test_wrong_verdict_and_missing_coverage_are_caught():
     wrong = check_explanation(MEMBER, ITEM, GOOD.replace("Strong fit", "Weak fit"), decision=True)
     assert wrong.verdict == "Weak fit" and not wrong.verdict_agrees and wrong.decision_agrees is False

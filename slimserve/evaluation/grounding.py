@@ -5,7 +5,11 @@ Per explanation (``check_explanation``):
 - **hallucination**: the text names a skill, company, city or industry of the dataset's vocabulary
   (``data.vocab``, and the skills that renamed pairs use, ``data.renaming``) that appears nowhere in the pair (member fields and history, item fields), or it
   claims the member has a skill they lack, or (when the member has every required skill) claims a gap:
-  a clause with "you (would) need", lack, missing or "none of your/the required skills";
+  a clause with "you (would) need", lack, missing or "none of your/the required skills"; or it states a
+  level gap the pair does not have: "N levels/steps above/below/up/down" other than the item's level
+  minus the member's, or "your level" / "same level" / "matches yours" when the levels differ (a
+  negated clause claims nothing). The fine-tuned teacher and its students wrote "It is a step up from
+  director" for a director role offered to a director;
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -62,6 +66,11 @@ _GAP = re.compile(
     r"\byou(?:[\u2019']d| would| will| still)? need\b|\b(?:lack|lacks|lacking|missing)\b|"
     r"\bnone of (?:your|the required|the) skills\b"
 )
+_LEVEL_STEPS = re.compile(
+    r"\b(\d+|a|an|one|two|three|four|five|six) (?:levels?|steps?) (above|below|up|down|higher|lower)\b"
+)
+_SAME_LEVEL = re.compile(r"\b(?:your level|same level|matches yours)\b")
+_COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
@@ -173,10 +182,13 @@ class GroundingCheck:
     other_verdicts: list[str] = field(default_factory=list)  # other verdicts the text states later
     false_gap_claims: list[str] = field(default_factory=list)  # clauses claiming a gap a full match lacks
     repeated_sentences: list[str] = field(default_factory=list)  # sentences stated twice
+    false_level_claims: list[str] = field(default_factory=list)  # clauses stating a level gap it lacks
 
     @property
     def hallucinated(self) -> bool:
-        return bool(self.foreign_terms or self.false_skill_claims or self.false_gap_claims)
+        return bool(
+            self.foreign_terms or self.false_skill_claims or self.false_gap_claims or self.false_level_claims
+        )
 
     @property
     def covered(self) -> bool | None:
@@ -204,6 +216,7 @@ class GroundingCheck:
             "foreign_terms": self.foreign_terms,
             "false_skill_claims": self.false_skill_claims,
             "false_gap_claims": self.false_gap_claims,
+            "false_level_claims": self.false_level_claims,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -244,6 +257,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         other_verdicts=sorted({f"{v.capitalize()} fit" for v in _VERDICT.findall(text)} - {verdict}),
         false_gap_claims=_false_gaps(masked) if facts.full_match else [],
         repeated_sentences=repeated_sentences(text),
+        false_level_claims=false_level_claims(masked, facts.level_gap),
     )
 
 
@@ -257,6 +271,26 @@ def repeated_sentences(text: str) -> list[str]:
             repeated.append(key)
         seen.add(key)
     return repeated
+
+
+def false_level_claims(text: str, gap: int | None) -> list[str]:
+    """The clauses of ``text`` that state a level gap other than ``gap`` (item level minus the member's;
+    None: not comparable, so any stated gap is false)."""
+    false = []
+    for clause in clauses(text):
+        lower = clause.lower()
+        if _NEGATION.search(lower):
+            continue
+        stated = [
+            (int(count) if count.isdigit() else _COUNT_WORDS[count])
+            * (1 if direction in ("above", "up", "higher") else -1)
+            for count, direction in _LEVEL_STEPS.findall(lower)
+        ]
+        if not stated and _SAME_LEVEL.search(lower):
+            stated = [0]
+        if any(claim != gap for claim in stated):
+            false.append(clause.strip())
+    return false
 
 
 def _false_gaps(text: str) -> list[str]:
