@@ -264,20 +264,47 @@ def test_a_decode_step_appends_to_the_kv_cache_in_place_as_the_copying_step_woul
     for step, (row_logits, want) in enumerate(zip(got, expected, strict=True)):
         np.testing.assert_allclose(row_logits, want, atol=1e-5, err_msg=f"step {step}")
     moves = sum(a != b for a, b in itertools.pairwise(addresses))
-    assert moves <= 6  # three joins, one leave, two growths by the headroom; not once per step
+    assert moves <= 2  # growths by the headroom only: joins write their row, leaves move rows down
 
 
 def test_kv_batch_with_headroom_grows_by_it_and_keeps_its_capacity():
     batch = KVBatch(["k"], headroom=8)
     batch.append({"k": np.ones((1, 2, 3, 4), np.float32)}, 3)
-    batch.reserve(4)
-    assert batch.capacity == 12 and batch.width == 3
+    assert batch.capacity == 11 and batch.width == 3  # its 3 positions and the headroom
+    batch.reserve(11)
+    assert batch.capacity == 11  # room enough: no copy
     batch.reserve(12)
-    assert batch.capacity == 12  # room enough: no copy
+    assert batch.capacity == 20
     batch.append({"k": np.full((1, 2, 5, 4), 2, np.float32)}, 5)
     batch.keep([1])
-    assert batch.capacity == 12 and batch.width == 5 and batch.lengths.tolist() == [5]
+    assert batch.capacity == 20 and batch.width == 5 and batch.lengths.tolist() == [5]
     np.testing.assert_array_equal(batch.step_mask(), [[1, 1, 1, 1, 1, 1]])
+
+
+def test_kv_batch_in_place_joins_and_leaves_keep_the_buffers_and_every_row():
+    """With headroom a join writes one row and a leave moves the rows after it down; the buffers are
+    only replaced to grow, and every kept row holds its own cache, zero beyond its length."""
+    batch = KVBatch(["k", "v"], headroom=4)
+    rows = {}
+    for index, length in enumerate((3, 6, 2, 5)):
+        rows[index] = np.full((1, 2, length, 3), index + 1, np.float32)
+        batch.append({"k": rows[index], "v": -rows[index]}, length)
+    address = batch.cache["k"].ctypes.data
+    assert batch.rows == 4 and batch.capacity == 7  # the first row's 3 positions + 4; the others fit
+    batch.keep([0, 2, 3])  # row 1 leaves: rows 2 and 3 move down
+    batch.append({"k": np.full((1, 2, 4, 3), 9, np.float32), "v": np.zeros((1, 2, 4, 3), np.float32)}, 4)
+    assert batch.cache["k"].ctypes.data == address and batch.cache["k"].flags.c_contiguous
+    assert batch.lengths.tolist() == [3, 2, 5, 4] and batch.cache["k"].shape == (4, 2, 7, 3)
+    for row, (index, length) in enumerate(((0, 3), (2, 2), (3, 5))):
+        np.testing.assert_array_equal(batch.cache["k"][row, :, :length], rows[index][0])
+        np.testing.assert_array_equal(batch.cache["v"][row, :, :length], -rows[index][0])
+        np.testing.assert_array_equal(batch.cache["k"][row, :, length:], 0)
+    np.testing.assert_array_equal(batch.cache["k"][3, :, :4], 9)
+    batch.append({"k": rows[0], "v": rows[0]}, 3)  # a fifth row: the buffers double their rows
+    assert batch.rows == 5 and batch.cache["k"].ctypes.data != address
+    np.testing.assert_array_equal(batch.cache["k"][2, :, :5], rows[3][0])
+    batch.keep([])
+    assert batch.rows == 0 and batch.cache is None
 
 
 def test_a_stop_token_ends_the_sequence_and_is_not_counted(published, tiny):

@@ -185,15 +185,20 @@ def _genai_head_size(onnx_path):
 class KVBatch:
     """The running batch's KV cache: arrays [rows, kv_heads, capacity, head_size], each row right-padded.
 
-    Row ``b`` holds ``lengths[b]`` valid positions; ``width`` is the longest row. With ``headroom`` the
-    arrays keep spare positions (``reserve`` grows them by at least that many at a time), so an in-place
-    decode step writes into them without a copy; without it the capacity is always the width."""
+    Row ``b`` holds ``lengths[b]`` valid positions; ``width`` is the longest row. Without ``headroom``
+    (the copying decode step, which replaces ``cache``) the capacity is always the width and a join or
+    leave copies the cache. With it (the in-place step) the arrays are views of buffers with spare rows
+    and ``headroom`` spare positions: a step writes its position in place, a join writes its own row, a
+    leave moves only the rows after the first that left, and the buffers are copied only to grow."""
+
+    MIN_ROWS = 4  # rows the in-place buffers start with (doubled when a join needs more)
 
     def __init__(self, names, headroom=0):
         self.names = list(names)
         self.headroom = int(headroom)
         self.cache = None
         self.lengths = np.zeros(0, dtype=np.int64)
+        self._buffers = None  # in place: name -> [row capacity, kv_heads, capacity, head_size]
 
     @property
     def rows(self):
@@ -209,32 +214,77 @@ class KVBatch:
 
     def append(self, row_cache, length):
         """Add one sequence's cache (width ``length``) as the last row."""
-        if self.cache is None:
+        if self.headroom:
+            self._append_in_place(row_cache, length)
+        elif self.cache is None:
             self.cache, self.lengths = row_cache, np.array([length], dtype=np.int64)
-            return
-        capacity = max(self.capacity, length)
-        self.cache = {
-            name: np.concatenate(
-                [_pad_width(self.cache[name], capacity), _pad_width(row_cache[name], capacity)]
+        else:
+            capacity = max(self.capacity, length)
+            self.cache = {
+                name: np.concatenate(
+                    [_pad_width(self.cache[name], capacity), _pad_width(row_cache[name], capacity)]
+                )
+                for name in self.names
+            }
+            self.lengths = np.append(self.lengths, np.int64(length))
+
+    def _append_in_place(self, row_cache, length):
+        row = self.rows
+        row_capacity = 0 if self._buffers is None else self._buffers[self.names[0]].shape[0]
+        if row == row_capacity or length > self.capacity:
+            self._grow(
+                max(self.MIN_ROWS, 2 * row_capacity) if row == row_capacity else row_capacity,
+                length + self.headroom if length > self.capacity else self.capacity,
+                row_cache,
             )
-            for name in self.names
-        }
+        for name in self.names:
+            buffer = self._buffers[name]
+            buffer[row, :, :length] = row_cache[name][0, :, :length]
+            buffer[row, :, length:] = 0
         self.lengths = np.append(self.lengths, np.int64(length))
+        self._view()
+
+    def _grow(self, row_capacity, capacity, like):
+        """New buffers of that many rows and positions (heads and head size as ``like``'s arrays),
+        holding the rows so far."""
+        old, rows, width = self._buffers, self.rows, self.capacity
+        self._buffers = {}
+        for name in self.names:
+            _, kv_heads, _, head_size = like[name].shape
+            self._buffers[name] = np.zeros((row_capacity, kv_heads, capacity, head_size), np.float32)
+            if old is not None:
+                self._buffers[name][:rows, :, :width] = old[name][:rows, :, :width]
+
+    def _view(self):
+        self.cache = {name: self._buffers[name][: self.rows] for name in self.names}
 
     def reserve(self, positions):
         """Make room for ``positions`` positions in every row (grown ``headroom`` beyond, when short)."""
-        if self.capacity < positions:
-            capacity = positions + self.headroom
+        if self.capacity >= positions:
+            return
+        capacity = positions + self.headroom
+        if self._buffers is not None:
+            self._grow(self._buffers[self.names[0]].shape[0], capacity, self._buffers)
+            self._view()
+        else:
             self.cache = {name: _pad_width(self.cache[name], capacity) for name in self.names}
 
     def keep(self, rows):
         """Keep only ``rows`` (indices, in order); without headroom drop the columns no row needs any more."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
-            self.cache, self.lengths = None, np.zeros(0, dtype=np.int64)
+            self.cache, self._buffers, self.lengths = None, None, np.zeros(0, dtype=np.int64)
             return
         self.lengths = self.lengths[rows]
-        capacity = self.capacity if self.headroom else self.width
+        if self._buffers is not None:
+            moved = np.flatnonzero(rows != np.arange(rows.size))
+            if moved.size:  # rows only move down: each lands where one that left or moved was
+                first = int(moved[0])
+                for buffer in self._buffers.values():
+                    buffer[first : rows.size] = buffer[rows[first:]]
+            self._view()
+            return
+        capacity = self.width
         self.cache = {name: np.ascontiguousarray(self.cache[name][rows, :, :capacity]) for name in self.names}
 
     def step_mask(self):
