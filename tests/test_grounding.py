@@ -18,7 +18,16 @@ from slimserve.evaluation.grounding import (
     repeated_sentences,
     summarize,
 )
-from slimserve.pair_facts import VERDICTS, join_words, pair_facts, verdict_for
+from slimserve.pair_facts import (
+    OTHER_CITY,
+    REMOTE_CLOSED,
+    REMOTE_OPEN,
+    SAME_CITY,
+    VERDICTS,
+    join_words,
+    pair_facts,
+    verdict_for,
+)
 from slimserve.prompts import EXPLAIN_TEMPLATE_VERSION, SERVED_EXPLAIN_TEMPLATES, render_explain_request
 from slimserve.schema import Activity, ActivityKind, Item, Member, Seniority
 
@@ -394,3 +403,41 @@ def test_vocabulary_terms_are_found_longest_first():
     found = [term for _, term in mentions("Social media and SQL at Red Cross Chapter in Lisbon (e-learning)")]
     assert found == ["social media", "sql", "red cross chapter", "lisbon", "e-learning"]
     assert {c.lower() for c in vocab.CITIES} <= {term for _, term in mentions(" ".join(vocab.CITIES))}
+
+
+@pytest.mark.parametrize(
+    ("changes", "text"),
+    [  # MEMBER lives in Berlin and is not open to remote work; ITEM is on site in Berlin
+        ({}, "Strong fit. You have python and sql. It is remote, which suits you."),
+        ({}, "Strong fit. You have python and sql. Remote work is possible, as you do not want an office."),
+        ({}, "Strong fit. You have python and sql. You would have to move from Berlin to Berlin."),
+        ({"location": "Paris"}, "Strong fit. You have python and sql. It is in Paris, where you live."),
+        ({"remote": True}, "Strong fit. You have python and sql. It is on site in Berlin, your city."),
+        ({"remote": True}, "Strong fit. You have python and sql. It is remote, and you are open to that."),
+    ],
+)
+def test_a_location_fit_the_pair_lacks_is_caught(changes, text):
+    check = check_explanation(MEMBER, item(**changes), text)
+    assert check.hallucinated and check.false_location_claims and not check.foreign_terms
+
+
+def test_location_phrasings_that_state_the_fit_raise_no_alarm(pairs):
+    open_member = Member(**{**MEMBER.__dict__, "open_to_remote": True})
+    for member, changes, text in (
+        (MEMBER, {}, GOOD),
+        (
+            MEMBER,
+            {"remote": True},
+            "Weak fit. It is remote, not on site, and you are not open to remote work.",
+        ),
+        (open_member, {"remote": True}, "Strong fit. It is remote, so you would not have to move."),
+        (MEMBER, {"location": "Paris"}, "Partial fit. It is on site in Paris, not where you live."),
+    ):
+        assert not check_explanation(member, item(**changes), text).false_location_claims, text
+    fits = set()
+    for member, job in pairs:  # the writer's location sentences, in every wording, at every fit it meets
+        fits.add(pair_facts(member, job).location_fit)
+        for seed in range(6):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).false_location_claims, text
+    assert fits == {SAME_CITY, OTHER_CITY, REMOTE_OPEN, REMOTE_CLOSED}

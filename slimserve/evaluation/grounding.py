@@ -9,7 +9,10 @@ Per explanation (``check_explanation``):
   level gap the pair does not have: "N levels/steps above/below/up/down" other than the item's level
   minus the member's, or "your level" / "same level" / "matches yours" when the levels differ (a
   negated clause claims nothing). The fine-tuned teacher and its students wrote "It is a step up from
-  director" for a director role offered to a director;
+  director" for a director role offered to a director; or it states a location fit the pair does not
+  have: remote or on site, "where you live" / ", your city", a move ("have to move"), the member open
+  to remote work or not (judged for a remote item only). A fine-tuned teacher wrote "Remote work is
+  possible, as you want" to a member not open to remote work;
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -45,7 +48,15 @@ from functools import lru_cache
 
 from ..data import vocab
 from ..data.renaming import HELD_OUT_SKILLS, RENAMING_SKILLS
-from ..pair_facts import VERDICTS, pair_facts, verdict_of
+from ..pair_facts import (
+    OTHER_CITY,
+    REMOTE_CLOSED,
+    REMOTE_OPEN,
+    SAME_CITY,
+    VERDICTS,
+    pair_facts,
+    verdict_of,
+)
 from ..schema import Item, Member
 
 PLAIN_WORDS = frozenset({"go", "excel", "lean", "planning", "react", "mentoring", "education", "energy"})
@@ -70,6 +81,29 @@ _LEVEL_STEPS = re.compile(
     r"\b(\d+|a|an|one|two|three|four|five|six) (?:levels?|steps?) (above|below|up|down|higher|lower)\b"
 )
 _SAME_LEVEL = re.compile(r"\b(?:your level|same level|matches yours)\b")
+# Location claims: (pattern, the fits of the pair where it holds (``pair_facts.location_fit``), read in a
+# negated clause too). The member's view of remote work is judged only for a remote item.
+_ON_SITE = (SAME_CITY, OTHER_CITY)
+_LOCATION_CLAIMS = (
+    (
+        re.compile(r"\bis (?:fully )?remote\b|\bremote work is possible\b|\bcan be done remotely\b"),
+        (REMOTE_OPEN, REMOTE_CLOSED),
+        True,  # "Remote work is possible, as you do not want ...": the negation is not about remote
+    ),
+    (re.compile(r"\bon[ -]site\b"), _ON_SITE, False),
+    (re.compile(r"\bwhere you live\b|, your (?:own )?city\b"), (SAME_CITY,), False),
+    (re.compile(r"\b(?:have|need) to (?:move|relocate)\b"), (OTHER_CITY,), False),
+    (
+        re.compile(r"\bopen to (?:remote|that|it)\b|\bremote\b.*\b(?:which suits you|as you want)\b"),
+        (REMOTE_OPEN, *_ON_SITE),
+        False,
+    ),
+    (
+        re.compile(r"\bnot open to remote\b|\bremote\b.*\bwhich you do not want\b"),
+        (REMOTE_CLOSED, *_ON_SITE),
+        True,
+    ),
+)
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -183,11 +217,16 @@ class GroundingCheck:
     false_gap_claims: list[str] = field(default_factory=list)  # clauses claiming a gap a full match lacks
     repeated_sentences: list[str] = field(default_factory=list)  # sentences stated twice
     false_level_claims: list[str] = field(default_factory=list)  # clauses stating a level gap it lacks
+    false_location_claims: list[str] = field(default_factory=list)  # clauses stating a location fit it lacks
 
     @property
     def hallucinated(self) -> bool:
         return bool(
-            self.foreign_terms or self.false_skill_claims or self.false_gap_claims or self.false_level_claims
+            self.foreign_terms
+            or self.false_skill_claims
+            or self.false_gap_claims
+            or self.false_level_claims
+            or self.false_location_claims
         )
 
     @property
@@ -217,6 +256,7 @@ class GroundingCheck:
             "false_skill_claims": self.false_skill_claims,
             "false_gap_claims": self.false_gap_claims,
             "false_level_claims": self.false_level_claims,
+            "false_location_claims": self.false_location_claims,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -258,6 +298,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         false_gap_claims=_false_gaps(masked) if facts.full_match else [],
         repeated_sentences=repeated_sentences(text),
         false_level_claims=false_level_claims(masked, facts.level_gap),
+        false_location_claims=false_location_claims(masked, facts.location_fit),
     )
 
 
@@ -289,6 +330,21 @@ def false_level_claims(text: str, gap: int | None) -> list[str]:
         if not stated and _SAME_LEVEL.search(lower):
             stated = [0]
         if any(claim != gap for claim in stated):
+            false.append(clause.strip())
+    return false
+
+
+def false_location_claims(text: str, fit: str) -> list[str]:
+    """The clauses of ``text`` that state a location fit other than ``fit`` (``pair_facts.location_fit``):
+    remote or on site, in the member's city, a move, the member open to remote work or not."""
+    false = []
+    for clause in clauses(text):
+        lower = clause.lower()
+        negated = _NEGATION.search(lower) is not None
+        if any(
+            pattern.search(lower) and fit not in holds and (in_negated or not negated)
+            for pattern, holds, in_negated in _LOCATION_CLAIMS
+        ):
             false.append(clause.strip())
     return false
 
