@@ -102,13 +102,13 @@ def _level_sentence(rng: random.Random, f: PairFacts) -> str:
                 f"Same level as you: {f.item_level}.",
             )
         )
+    # Each wording names the item's level, then the gap "above/below" the member: a third one, "It is a
+    # step up from <member level>", made the tuned teacher state wrong gaps (docs/generator-build.md).
     direction = "above" if gap > 0 else "below"
-    step = "up" if gap > 0 else "down"
     return rng.choice(
         (
             f"It is {f.item_level}, {_steps(abs(gap))} {direction} you.",
             f"The {f.kind} is {f.item_level}, {_steps(abs(gap))} {direction} your {f.member_level} level.",
-            f"It is {'a step' if abs(gap) == 1 else f'{abs(gap)} steps'} {step} from {f.member_level}.",
         )
     )
 
