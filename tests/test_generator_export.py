@@ -370,11 +370,16 @@ def test_measure_graphs_times_published_versions(published, capsys, tmp_path):
 
     _, version_dir = published
     onnx = version_dir / "model.onnx"
-    assert measure_main(["--graphs", f"a={onnx}", f"b={onnx}", "--prompts", "2", "--new-tokens", "4"]) == 0
+    argv = ["--graphs", f"a={onnx}", f"b={onnx}", "--prompts", "2", "--new-tokens", "4"]
+    assert measure_main([*argv, "--closed-loop", "2", "--requests", "3"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["command"].endswith("--prompts 2 --new-tokens 4")
+    assert result["command"].endswith("--prompts 2 --new-tokens 4 --closed-loop 2 --requests 3")
     for name in ("a", "b"):
         assert result[name]["single_stream_decode_tokens_per_s"] > 0
         assert result[name]["batch2_decode_tokens_per_s"] > 0
+        # 3 requests of 4 tokens on 2 slots: the first token at each prefill, then 3 steps per request,
+        # two requests sharing their steps and the third alone.
+        assert result[name]["closed2_mean_batch"] == pytest.approx(9 / 6)
+        assert result[name]["closed2_tokens_per_s"] > 0 and 0 < result[name]["closed2_prefill_share"] < 1
     with pytest.raises(SystemExit, match="not a published generator version"):
         measure_main(["--graphs", f"x={tmp_path / 'model.onnx'}"])

@@ -2,7 +2,8 @@
 
 ``python -m slimserve.export.generator_measure --teacher default --precisions fp32 int8 int4`` builds each
 graph with the export path, compares its greedy tokens with PyTorch on explanation prompts, and times
-greedy decoding through the Triton model's ``BatchEngine`` (one stream; then all prompts as one batch).
+greedy decoding through the Triton model's ``BatchEngine`` (one stream; then all prompts as one batch;
+with ``--graphs`` and ``--closed-loop N``, also N streams back to back with their prefills, as served).
 Prints one JSON document. Speeds are measurements of this machine, not assertions.
 """
 
@@ -65,6 +66,37 @@ def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) 
     }
 
 
+def closed_loop_speed(onnx_path: Path, sequences, new_tokens: int, slots: int, requests: int) -> dict:
+    """What ``bench generators`` loads a served model with, without the serving stack: ``slots`` streams
+    back to back until ``requests`` ran, each prompt (cycling ``sequences``) prefilled alone when a slot
+    frees, every running sequence decoded in one step. Tokens/s over the whole run, and where it went."""
+    from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
+
+    engine = BatchEngine(OnnxDecoder(onnx_path), eos_token_ids=())
+    _single_stream(engine, GenerationRequest(tuple(sequences[0]), 4))  # warm up
+    sent = tokens = steps = rows = 0
+    prefill_s = decode_s = 0.0
+    started = time.perf_counter()
+    while sent < requests or engine.active:
+        while engine.active < slots and sent < requests:
+            begun = time.perf_counter()
+            engine.start(sent, GenerationRequest(tuple(sequences[sent % len(sequences)]), new_tokens))
+            prefill_s += time.perf_counter() - begun
+            sent, tokens = sent + 1, tokens + 1
+        begun, rows = time.perf_counter(), rows + engine.active
+        tokens += len(engine.step())
+        decode_s += time.perf_counter() - begun
+        steps += 1
+    wall = time.perf_counter() - started
+    return {
+        f"closed{slots}_tokens_per_s": tokens / wall,
+        f"closed{slots}_prefill_share": prefill_s / wall,
+        f"closed{slots}_prefill_ms": 1000 * prefill_s / requests,
+        f"closed{slots}_decode_step_ms": 1000 * decode_s / steps,
+        f"closed{slots}_mean_batch": rows / steps,
+    }
+
+
 def torch_speed(model, sequence, new_tokens: int, threads: int) -> dict:
     """Greedy decode tokens/s of PyTorch (HF KV cache) on one prompt, prefill included."""
     started = time.perf_counter()
@@ -107,19 +139,22 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threa
     return result
 
 
-def measure_graphs(graphs: dict[str, Path], prompts: int, new_tokens: int) -> dict:
+def measure_graphs(
+    graphs: dict[str, Path], prompts: int, new_tokens: int, closed_loop: int = 0, requests: int = 0
+) -> dict:
     """Decode speed of published generator graphs (``<version>/model.onnx``, tokenizer in its bundle) on
-    the same explanation prompts, no PyTorch reference: e.g. a student against its teacher."""
+    the same explanation prompts, no PyTorch reference: e.g. a student against its teacher. With
+    ``closed_loop`` slots, also ``closed_loop_speed`` over ``requests`` requests."""
     result: dict = {"prompts": prompts, "new_tokens": new_tokens}
     for name, onnx_path in graphs.items():
         tokenizer = onnx_path.parent / "bundle" / "tokenizer.json"
         if not onnx_path.is_file() or not tokenizer.is_file():
             raise SystemExit(f"--graphs {name}={onnx_path}: not a published generator version's model.onnx")
         sequences = encode_prompts(tokenizer, explanation_prompts(prompts))
-        result[name] = {
-            **decode_speed(onnx_path, sequences, new_tokens),
-            "load_average_1m": os.getloadavg()[0],
-        }
+        result[name] = decode_speed(onnx_path, sequences, new_tokens)
+        if closed_loop:
+            result[name].update(closed_loop_speed(onnx_path, sequences, new_tokens, closed_loop, requests))
+        result[name]["load_average_1m"] = os.getloadavg()[0]
         log.info("%s: %s", name, json.dumps(result[name]))
     return result
 
@@ -145,11 +180,21 @@ def main(argv=None) -> int:
         metavar="NAME=PATH",
         help="instead: decode speed of published graphs (<repository>/generator/<version>/model.onnx)",
     )
+    parser.add_argument(
+        "--closed-loop",
+        type=int,
+        default=0,
+        metavar="SLOTS",
+        help="with --graphs: also SLOTS streams back to back, prefills included, as bench generators loads them",
+    )
+    parser.add_argument("--requests", type=int, default=48, help="requests of the --closed-loop run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.graphs:
-        result = measure_graphs(dict(args.graphs), args.prompts, args.new_tokens)
+        result = measure_graphs(
+            dict(args.graphs), args.prompts, args.new_tokens, args.closed_loop, args.requests
+        )
     else:
         result = measure(args.teacher, args.precisions, args.prompts, args.new_tokens, args.torch_threads)
     result["command"] = shlex.join(
