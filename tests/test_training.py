@@ -335,7 +335,7 @@ def test_distill_runs_its_forward_at_its_precision_and_keeps_fp32_weights(tiny_g
     teacher = torch.randn(len(examples), 2, generator=torch.Generator().manual_seed(1)).numpy() * 3
     labels = np.array([e.label for e in examples])
     settings = DistillSettings(
-        precision=chosen, label_weight=0.0, train=TrainConfig(epochs=20, lr=1e-2, batch_size=8)
+        precision=chosen, label_weight=0.0, train=TrainConfig(epochs=60, lr=5e-3, batch_size=8)
     )
     seen = set()
     hook = student.body.layers[0].mlp.down_proj.register_forward_hook(
@@ -355,4 +355,6 @@ def test_distill_runs_its_forward_at_its_precision_and_keeps_fp32_weights(tiny_g
     hook.remove()
     assert seen == {torch.bfloat16 if chosen == "bf16" else torch.float32}
     assert all(p.dtype == torch.float32 for p in student.parameters())
-    assert kl_to_teacher() < 0.7 * before  # measured: 0.49 (fp32) and 0.46 (bf16) of it
+    # measured: 0.15 (fp32) and 0.39 (bf16) of it (20 epochs at 1e-2 left 0.84 and 0.71 once the demo's
+    # places, which these prompts use, became a city alone: too few steps to fit random targets)
+    assert kl_to_teacher() < 0.7 * before
