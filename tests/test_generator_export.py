@@ -383,3 +383,10 @@ def test_measure_graphs_times_published_versions(published, capsys, tmp_path):
         assert result[name]["closed2_tokens_per_s"] > 0 and 0 < result[name]["closed2_prefill_share"] < 1
     with pytest.raises(SystemExit, match="not a published generator version"):
         measure_main(["--graphs", f"x={tmp_path / 'model.onnx'}"])
+    for bad in (["--closed-loop", "2", "--requests", "0"], ["--closed-loop", "-1"]):
+        with pytest.raises(SystemExit):
+            measure_main([*argv, *bad])
+        assert "--closed-loop must be >= 0 and --requests >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        measure_main(["--closed-loop", "2"])
+    assert "--closed-loop: only with --graphs" in capsys.readouterr().err

@@ -39,14 +39,22 @@ def _single_stream(engine, request) -> dict:
     return {"ttft_s": first - started, "decode_tokens": steps, "decode_s": decode_s}
 
 
-def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) -> dict:
-    """Single-stream decode tokens/s (mean over ``streams`` prompts), then all prompts as one batch:
-    their prefills (one by one) and the batched decode steps after them, timed apart."""
+def warm_engine(onnx_path: Path, sequence):
+    """The Triton model's ``BatchEngine`` over ``onnx_path`` (no stop ids: every request runs to its
+    length), warmed up on a short stream of ``sequence``."""
     from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
 
     engine = BatchEngine(OnnxDecoder(onnx_path), eos_token_ids=())
+    _single_stream(engine, GenerationRequest(tuple(sequence), 4))
+    return engine
+
+
+def decode_speed(engine, sequences, new_tokens: int, streams: int = 3) -> dict:
+    """Single-stream decode tokens/s (mean over ``streams`` prompts), then all prompts as one batch:
+    their prefills (one by one) and the batched decode steps after them, timed apart."""
+    from ..triton_models.generator import GenerationRequest
+
     requests = [GenerationRequest(tuple(s), new_tokens) for s in sequences]
-    _single_stream(engine, GenerationRequest(tuple(sequences[0]), 4))  # warm up
     runs = [_single_stream(engine, request) for request in requests[:streams]]
     tokens = sum(r["decode_tokens"] for r in runs)
     started = time.perf_counter()
@@ -66,14 +74,12 @@ def decode_speed(onnx_path: Path, sequences, new_tokens: int, streams: int = 3) 
     }
 
 
-def closed_loop_speed(onnx_path: Path, sequences, new_tokens: int, slots: int, requests: int) -> dict:
+def closed_loop_speed(engine, sequences, new_tokens: int, slots: int, requests: int) -> dict:
     """What ``bench generators`` loads a served model with, without the serving stack: ``slots`` streams
     back to back until ``requests`` ran, each prompt (cycling ``sequences``) prefilled alone when a slot
     frees, every running sequence decoded in one step. Tokens/s over the whole run, and where it went."""
-    from ..triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
+    from ..triton_models.generator import GenerationRequest
 
-    engine = BatchEngine(OnnxDecoder(onnx_path), eos_token_ids=())
-    _single_stream(engine, GenerationRequest(tuple(sequences[0]), 4))  # warm up
     sent = tokens = steps = rows = 0
     prefill_s = decode_s = 0.0
     started = time.perf_counter()
@@ -132,7 +138,7 @@ def measure(teacher: str, precisions, prompts: int, new_tokens: int, torch_threa
                 "build_s": graph.seconds,
                 "onnx_mb": graph.size_bytes / 1e6,
                 "parity": parity.as_dict(),
-                **decode_speed(graph.onnx_path, sequences, new_tokens),
+                **decode_speed(warm_engine(graph.onnx_path, sequences[0]), sequences, new_tokens),
                 "load_average_1m": os.getloadavg()[0],
             }
             log.info("%s: %s", precision, json.dumps(result[precision]))
@@ -151,9 +157,10 @@ def measure_graphs(
         if not onnx_path.is_file() or not tokenizer.is_file():
             raise SystemExit(f"--graphs {name}={onnx_path}: not a published generator version's model.onnx")
         sequences = encode_prompts(tokenizer, explanation_prompts(prompts))
-        result[name] = decode_speed(onnx_path, sequences, new_tokens)
+        engine = warm_engine(onnx_path, sequences[0])
+        result[name] = decode_speed(engine, sequences, new_tokens)
         if closed_loop:
-            result[name].update(closed_loop_speed(onnx_path, sequences, new_tokens, closed_loop, requests))
+            result[name].update(closed_loop_speed(engine, sequences, new_tokens, closed_loop, requests))
         result[name]["load_average_1m"] = os.getloadavg()[0]
         log.info("%s: %s", name, json.dumps(result[name]))
     return result
@@ -189,6 +196,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--requests", type=int, default=48, help="requests of the --closed-loop run")
     args = parser.parse_args(argv)
+    if args.closed_loop and not args.graphs:
+        parser.error("--closed-loop: only with --graphs")
+    if args.closed_loop < 0 or args.requests < 1:
+        parser.error(
+            f"--closed-loop must be >= 0 and --requests >= 1, got {args.closed_loop} and {args.requests}"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.graphs:
