@@ -101,6 +101,11 @@ def join_words(values) -> str:
     return ", ".join(values[:-1]) + " and " + values[-1]
 
 
+def indefinite_article(word: str) -> str:
+    """``an`` before a vowel letter, else ``a`` ("an Accountant", "a Backend Developer")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
 def level_gap(member: Seniority, item: Seniority) -> int | None:
     """Item level minus member level in ``Seniority`` steps (None when either is unspecified)."""
     if Seniority.UNSPECIFIED in (member, item):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,44 @@ def test_full_matches_get_renamed_copies_listed_then_invented(default_synth):
         listed = set(copy.item.required_skills) <= set(RENAMING_SKILLS)
         assert listed == (index < len(full))  # listed names first, then invented ones
         assert not set(copy.item.required_skills) & set(original.item.required_skills)
+
+
+def test_varied_titles_keep_the_pair_s_facts_with_longer_titles(default_synth):
+    """``teacher_text.varied_title_share``: history titles get a level and/or a domain word, the same
+    title the same way within a pair; the verdict, kinds, companies and industries stay; the demo's
+    "Python" and the dataset's vocabulary are in neither word list."""
+    from slimserve.data.renaming import HELD_OUT_TITLE_WORDS, TITLE_WORDS, varied_titles, with_varied_titles
+    from slimserve.evaluation.grounding import mentions
+    from slimserve.pair_facts import pair_facts, verdict_for
+
+    dataset, _ = default_synth
+    examples = [e for e in split_dataset(dataset, seed=0, pool_factor=0).train[:200] if e.member.history]
+    assert (
+        not set(TITLE_WORDS) & set(HELD_OUT_TITLE_WORDS)
+        and "Python" not in TITLE_WORDS + HELD_OUT_TITLE_WORDS
+    )
+    assert not [w for w in TITLE_WORDS + HELD_OUT_TITLE_WORDS if mentions(w.lower())]
+    rng = random.Random(2)
+    for example in examples:
+        varied = varied_titles(example, rng, HELD_OUT_TITLE_WORDS)
+        before, after = example.member.history, varied.member.history
+        assert [(a.kind, a.company, a.industry) for a in after] == [
+            (a.kind, a.company, a.industry) for a in before
+        ]
+        for old, new in zip(before, after, strict=True):
+            assert new.item_title.endswith(" " + old.item_title) and len(new.item_title.split()) > len(
+                old.item_title.split()
+            )
+        mapping = {old.item_title: new.item_title for old, new in zip(before, after, strict=True)}
+        assert len(mapping) == len({a.item_title for a in before})  # one new title per old one
+        assert verdict_for(varied.member, varied.item) == verdict_for(example.member, example.item)
+        assert (
+            pair_facts(varied.member, varied.item).activity_relation
+            == pair_facts(example.member, example.item).activity_relation
+        )
+    assert with_varied_titles(examples, 0.0, seed=1) == examples
+    half = with_varied_titles(examples, 0.5, seed=1)
+    assert half == with_varied_titles(examples, 0.5, seed=1)
+    assert (
+        0.3 * len(examples) < sum(a != b for a, b in zip(half, examples, strict=True)) < 0.7 * len(examples)
+    )

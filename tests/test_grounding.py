@@ -441,3 +441,38 @@ def test_location_phrasings_that_state_the_fit_raise_no_alarm(pairs):
             text = write_explanation(member, job, explanation_rng(seed, member, job))
             assert not check_explanation(member, job, text).false_location_claims, text
     assert fits == {SAME_CITY, OTHER_CITY, REMOTE_OPEN, REMOTE_CLOSED}
+
+
+@pytest.mark.parametrize(
+    ("text", "claim"),
+    [  # MEMBER engaged with "Backend Developer" at Globex Corporation, in software
+        ("Strong fit. You recently looked at a Senior Backend Developer role.", "looked at a Senior Backend Developer role"),
+        ("Strong fit. You recently looked at a Developer role at Globex Corporation.", "looked at a Developer role at Globex Corporation"),
+        ("Strong fit. Your recent activity: you dismissed Backend Developer.", "dismissed Backend Developer"),
+        ("Strong fit. You recently passed on a Software Engineer role.", "passed on a Software Engineer role"),
+        ("Strong fit. You recently engaged with a Backend Developer role in finance.", "engaged with a Backend Developer role in finance"),
+        ("Strong fit. Your recent activity: you looked at Backend Developer at Initech.", "looked at Backend Developer at Initech"),
+        ("Strong fit. Your recent activity: you engaged with Backend Developer (retail).", "engaged with Backend Developer (retail)"),
+    ],
+)  # fmt: skip
+def test_an_activity_the_member_s_history_lacks_is_caught(text, claim):
+    check = check_explanation(MEMBER, ITEM, text)
+    assert check.hallucinated and check.false_activity_claims == [claim]
+
+
+def test_activity_phrasings_that_state_the_history_raise_no_alarm(pairs):
+    for text in (
+        GOOD,
+        "Strong fit. You recently engaged with a Backend Developer role at Globex Corporation.",
+        "Strong fit. Your recent activity: you looked at backend developer (software).",
+        "Strong fit. You have not dismissed a Software Engineer role.",
+        "Strong fit. It looked at your python skills.",  # no title: no claim
+    ):
+        assert not check_explanation(MEMBER, ITEM, text).false_activity_claims, text
+    kinds = set()
+    for member, job in pairs:  # the writer's activity sentences, in every wording, of both kinds
+        kinds |= {a.kind for a in member.history}
+        for seed in range(6):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).false_activity_claims, text
+    assert kinds == {ActivityKind.ENGAGED, ActivityKind.DISMISSED}

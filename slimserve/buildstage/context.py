@@ -59,13 +59,16 @@ _PUBLISH_CHECK_ONLY = {"full_match_prompts"}
 
 def _generator_base(recipe: Recipe) -> dict:
     """What every generator stage depends on: the data, the original teacher, its text and evaluation,
-    and its fine-tune (and the explain prompt template: a new one re-runs every generator stage)."""
+    and its fine-tune (and the explain prompt template and the explanation writer's version: a new one
+    re-runs every generator stage)."""
+    from ..data.explanations import WRITER_VERSION
     from ..prompts import EXPLAIN_TEMPLATE_VERSION
 
     g = recipe.generator
     base = {
         "data": _dump(recipe.data),
         "prompt_template": EXPLAIN_TEMPLATE_VERSION,
+        "explanation_writer": WRITER_VERSION,
         "teacher": {"source": recipe.teacher.source, "seed": recipe.teacher.seed},
         "teacher_text": _dump(g.teacher_text),
         "evaluation": g.evaluation.model_dump(mode="json", exclude=_PUBLISH_CHECK_ONLY),

@@ -88,6 +88,14 @@ class TeacherTextSettings(_Strict):
         description="Share of the renamed prompts whose skills get invented names (random syllables, a "
         "fresh set per pair) instead of the renaming list's: names no list holds can only be copied",
     )
+    varied_title_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the train prompts (after renaming) whose member's history titles get a level "
+        "and a domain word ('Lead Payments Backend Developer'; data.renaming.varied_titles): trained on the "
+        "dataset's two-word titles alone, the student shortened the demo's 'Senior Python Developer'",
+    )
     full_match_copies: int = Field(
         0,
         ge=0,

@@ -106,14 +106,18 @@ class GeneratorContext:
 
     def unseen_skill_examples(self) -> list:
         """The first ``evaluation.unseen_skill_prompts`` grounding pairs, their skills renamed to skills
-        no training prompt uses (``data.renaming.HELD_OUT_SKILLS``; seeded, the same for every model)."""
+        no training prompt uses (``data.renaming.HELD_OUT_SKILLS``) and their history titles varied with
+        words no training prompt uses (``HELD_OUT_TITLE_WORDS``); seeded, the same for every model."""
         import random
 
-        from ..data.renaming import HELD_OUT_SKILLS, renamed_skills
+        from ..data.renaming import HELD_OUT_SKILLS, HELD_OUT_TITLE_WORDS, renamed_skills, varied_titles
 
         rng = random.Random(self.settings.teacher_text.seed)
         count = self.settings.evaluation.unseen_skill_prompts
-        return [renamed_skills(e, rng, HELD_OUT_SKILLS) for e in self.grounding_examples()[:count]]
+        return [
+            varied_titles(renamed_skills(e, rng, HELD_OUT_SKILLS), rng, HELD_OUT_TITLE_WORDS)
+            for e in self.grounding_examples()[:count]
+        ]
 
     def full_match_examples(self) -> list:
         """Up to ``evaluation.full_match_prompts`` test-split pairs whose member has every required skill
@@ -321,7 +325,7 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     """Write the teacher's text for train prompts (with top-k targets) and held-out prompts, once."""
     from ..compression.generator_data import explain_prompts, generate, pick
-    from ..data.renaming import renamed_copies, with_renamed_share
+    from ..data.renaming import renamed_copies, with_renamed_share, with_varied_titles
 
     settings = ctx.settings.teacher_text
     sampling = Sampling(
@@ -341,6 +345,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
                 picked, settings.renamed_share, settings.seed, settings.invented_share
             )
             examples += renamed_copies(full_matches(picked), settings.full_match_copies, settings.seed + 17)
+            examples = with_varied_titles(examples, settings.varied_title_share, settings.seed + 29)
         else:
             examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)

@@ -24,12 +24,17 @@ from ..pair_facts import (
     REMOTE_OPEN,
     SAME_CITY,
     PairFacts,
+    indefinite_article,
     join_words,
     pair_facts,
     verdict_of,
 )
 from ..schema import ActivityKind, Item, Member
 from . import vocab
+
+# The writer's version: a build's generator stages depend on it (a new one re-runs them). 2: no "a step
+# up from <your level>" wording; 3: "an" before a vowel ("an Accountant role").
+WRITER_VERSION = 3
 
 
 def _steps(n: int) -> str:
@@ -168,17 +173,18 @@ def _activity_sentence(rng: random.Random, f: PairFacts) -> str | None:
     if a is None or f.activity_relation == "other":
         return None  # no history, or none that concerns this item's company or industry
     at = f" at {a.company}" if a.company else ""
+    article = indefinite_article(a.item_title)
     verbs = ("dismissed", "passed on") if a.kind is ActivityKind.DISMISSED else ("engaged with", "looked at")
     if f.activity_relation == "same company":
         return rng.choice(
             (
-                f"You recently {rng.choice(verbs)} a {a.item_title} role{at}.",
+                f"You recently {rng.choice(verbs)} {article} {a.item_title} role{at}.",
                 f"Your recent activity: you {rng.choice(verbs)} {a.item_title}{at}.",
             )
         )
     return rng.choice(
         (
-            f"You recently {rng.choice(verbs)} a {a.item_title} role in {a.industry}.",
+            f"You recently {rng.choice(verbs)} {article} {a.item_title} role in {a.industry}.",
             f"Your recent activity: you {rng.choice(verbs)} {a.item_title} ({a.industry}).",
         )
     )

@@ -14,6 +14,12 @@ A fixed list can still be recalled rather than copied: a student renamed to thes
 of 12 such pairs (docs/generator-build.md). ``invented_skill`` makes names no list holds (random
 syllables, now and then a familiar ending: "vorlakdb", "plinex ops"), a fresh set per pair, so the
 only way to write them is to copy them from the prompt.
+
+Titles, too: the dataset's activity titles are two words ("Backend Developer"), and a student trained on
+those alone wrote "You recently looked at a Senior Developer role" for the demo's "Senior Python
+Developer". ``varied_titles`` gives a pair's history titles a level and a domain word ("Lead Payments
+Backend Developer"), from ``TITLE_WORDS`` for training prompts and ``HELD_OUT_TITLE_WORDS`` for the
+evaluation's unseen pairs. The demo's "Python" is in neither list.
 """
 
 from __future__ import annotations
@@ -135,3 +141,36 @@ def renamed_copies(examples: list[Example], copies: int, seed: int) -> list[Exam
         for copy in range(copies)
         for example in examples
     ]
+
+
+TITLE_LEVELS: tuple[str, ...] = ("Senior", "Lead", "Junior", "Staff", "Principal", "Associate")
+TITLE_WORDS: tuple[str, ...] = (
+    "Cloud", "Payments", "Mobile", "Platform", "Clinical", "Growth", "Security", "Partner", "Enterprise",
+    "Regional", "Digital", "Global", "Integration", "Marketing", "Infrastructure", "Product", "Research", "Field",
+)  # fmt: skip
+HELD_OUT_TITLE_WORDS: tuple[str, ...] = (
+    "Satellite", "Quantum", "Aerospace", "Streaming", "Robotics", "Audio", "Gaming", "Wearables",
+)  # fmt: skip
+
+
+def varied_title(title: str, rng: random.Random, words: tuple[str, ...] = TITLE_WORDS) -> str:
+    """``title`` with a level word, a domain word of ``words`` or both in front ("Lead Cloud Accountant")."""
+    form = rng.randrange(3)
+    level = rng.choice(TITLE_LEVELS) if form != 1 else ""
+    word = rng.choice(words) if form != 0 else ""
+    return " ".join(w for w in (level, word, title) if w)
+
+
+def varied_titles(example: Example, rng: random.Random, words: tuple[str, ...] = TITLE_WORDS) -> Example:
+    """``example`` with each distinct history title of its member varied (``varied_title``), the same
+    title the same way everywhere it appears."""
+    titles = sorted({a.item_title for a in example.member.history})
+    mapping = {t: varied_title(t, rng, words) for t in titles}
+    history = tuple(replace(a, item_title=mapping[a.item_title]) for a in example.member.history)
+    return replace(example, member=replace(example.member, history=history))
+
+
+def with_varied_titles(examples: list[Example], share: float, seed: int) -> list[Example]:
+    """``examples`` in order, every one whose seeded draw falls below ``share`` with varied titles."""
+    rng = random.Random(seed)
+    return [varied_titles(e, rng) if rng.random() < share else e for e in examples]

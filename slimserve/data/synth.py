@@ -20,6 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from ..evaluation.metrics import auc
+from ..pair_facts import indefinite_article
 from ..schema import Activity, ActivityKind, Item, ItemKind, Member, Seniority
 from ..settings import Settings
 from . import vocab
@@ -97,10 +98,6 @@ def oracle_probabilities(examples: Iterable, manifest: dict[str, Any]) -> np.nda
     return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
 
 
-def _article(word: str) -> str:
-    return "an" if word[:1].lower() in "aeiou" else "a"
-
-
 def _make_item(rng: random.Random, config: SynthConfig, index: int, width: int) -> tuple[Item, str]:
     family = rng.choice(vocab.FAMILIES)
     title = rng.choice(family.titles)
@@ -118,7 +115,7 @@ def _make_item(rng: random.Random, config: SynthConfig, index: int, width: int) 
         location=rng.choice(vocab.CITIES),
         remote=rng.random() < config.remote_fraction,
         industry=industry,
-        description=f"{phrase} hiring {_article(title)} {title.lower()}.",
+        description=f"{phrase} hiring {indefinite_article(title)} {title.lower()}.",
     )
     return item, family.name
 

@@ -12,7 +12,10 @@ Per explanation (``check_explanation``):
   director" for a director role offered to a director; or it states a location fit the pair does not
   have: remote or on site, "where you live" / ", your city", a move ("have to move"), the member open
   to remote work or not (judged for a remote item only). A fine-tuned teacher wrote "Remote work is
-  possible, as you want" to a member not open to remote work;
+  possible, as you want" to a member not open to remote work; or it says the member engaged with
+  (engaged with, looked at) or dismissed (dismissed, passed on) a title their history does not hold
+  under that kind, company and industry: students shortened "Senior Python Developer" to "Senior
+  Developer", and a teacher wrote "you passed on Accountant (internet)" for a finance role;
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -57,7 +60,7 @@ from ..pair_facts import (
     pair_facts,
     verdict_of,
 )
-from ..schema import Item, Member
+from ..schema import ActivityKind, Item, Member
 
 PLAIN_WORDS = frozenset({"go", "excel", "lean", "planning", "react", "mentoring", "education", "energy"})
 
@@ -104,6 +107,18 @@ _LOCATION_CLAIMS = (
         True,
     ),
 )
+# "you <verb> (a) <Title> (role) (in <industry> | at <company> | (<industry>))": the writer's activity
+# sentences; the title is the run of capitalised words.
+_ACTIVITY = re.compile(
+    r"\b(dismissed|passed on|engaged with|looked at)\s+(?:an?\s+)?([A-Z][\w&/+-]*(?:\s+[A-Z][\w&/+-]*)*)"
+    r"(?:\s+role)?(?:\s+in\s+([^.;,()]+)|\s+at\s+([^.;,()]+)|\s*\(([^)]*)\))?"
+)
+_ACTIVITY_KINDS = {
+    "dismissed": ActivityKind.DISMISSED,
+    "passed on": ActivityKind.DISMISSED,
+    "engaged with": ActivityKind.ENGAGED,
+    "looked at": ActivityKind.ENGAGED,
+}
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -218,6 +233,7 @@ class GroundingCheck:
     repeated_sentences: list[str] = field(default_factory=list)  # sentences stated twice
     false_level_claims: list[str] = field(default_factory=list)  # clauses stating a level gap it lacks
     false_location_claims: list[str] = field(default_factory=list)  # clauses stating a location fit it lacks
+    false_activity_claims: list[str] = field(default_factory=list)  # activities not in the member's history
 
     @property
     def hallucinated(self) -> bool:
@@ -227,6 +243,7 @@ class GroundingCheck:
             or self.false_gap_claims
             or self.false_level_claims
             or self.false_location_claims
+            or self.false_activity_claims
         )
 
     @property
@@ -257,6 +274,7 @@ class GroundingCheck:
             "false_gap_claims": self.false_gap_claims,
             "false_level_claims": self.false_level_claims,
             "false_location_claims": self.false_location_claims,
+            "false_activity_claims": self.false_activity_claims,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -299,6 +317,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         repeated_sentences=repeated_sentences(text),
         false_level_claims=false_level_claims(masked, facts.level_gap),
         false_location_claims=false_location_claims(masked, facts.location_fit),
+        false_activity_claims=false_activity_claims(text, member),
     )
 
 
@@ -346,6 +365,27 @@ def false_location_claims(text: str, fit: str) -> list[str]:
             for pattern, holds, in_negated in _LOCATION_CLAIMS
         ):
             false.append(clause.strip())
+    return false
+
+
+def false_activity_claims(text: str, member: Member) -> list[str]:
+    """The activities ``text`` says the member engaged with or dismissed ("You recently looked at a
+    Senior Developer role") that the member's history lacks: no activity of that title and kind, with
+    the company or industry the text attaches to it."""
+    false = []
+    for clause in clauses(text):
+        if _NEGATION.search(clause.lower()):
+            continue
+        for verb, title, industry_in, company, industry_paren in _ACTIVITY.findall(clause):
+            industry = (industry_in or industry_paren).strip().lower()
+            if not any(
+                a.item_title.lower() == title.lower()
+                and a.kind is _ACTIVITY_KINDS[verb]
+                and (not industry or industry == a.industry.lower())
+                and (not company or company.strip().lower() == a.company.lower())
+                for a in member.history
+            ):
+                false.append(_ACTIVITY.search(clause, clause.find(verb)).group(0))
     return false
 
 
