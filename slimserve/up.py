@@ -235,12 +235,25 @@ async def _sample_explanation(target: str) -> None:
     item = example_candidates(1)[0]
     print(f"\nSample explanation: why {item.title} at {item.company} for the example member:\n")  # noqa: T201
     request = explain_request(EXAMPLE_MEMBER, item, build_options(max_tokens=64))
+    text = ""
     async with grpc.aio.insecure_channel(target) as channel:
         async for chunk in reasoning_pb2_grpc.ReasoningServiceStub(channel).Explain(request, timeout=120):
             print(chunk.text, end="", flush=True)  # noqa: T201
+            text += chunk.text
             if chunk.HasField("metadata"):
                 print(f"\n\n{format_metadata(chunk.metadata)}")  # noqa: T201
+    print(f"\n{_grounding_line(EXAMPLE_MEMBER, item, text)}")  # noqa: T201
     print(f"\nTry: slimserve explain --target {target}")  # noqa: T201
+
+
+def _grounding_line(member, item, text: str) -> str:
+    """The build's grounding check on one explanation, in a line."""
+    from .evaluation.grounding import check_explanation
+
+    problems = check_explanation(member, item, text).problems()
+    if not problems:
+        return "Grounding check (the build's evaluation): every stated fact and the verdict match the pair."
+    return "Grounding check (the build's evaluation): " + "; ".join(problems) + "."
 
 
 async def _start_scoring(options: UpConfig, triton_url: str, bundle_dir: Path):

@@ -222,6 +222,18 @@ def test_a_grounded_explanation_passes():
     check = check_explanation(MEMBER, ITEM, GOOD, decision=True)
     assert not check.hallucinated and check.covered and check.verdict == "Strong fit"
     assert check.verdict_agrees and check.decision_agrees
+    assert check.problems() == []
+
+
+def test_problems_name_what_is_wrong_in_a_phrase_each():
+    text = "Weak fit. You have kubernetes. The team in Paris is two levels above you. You recently dismissed a Nurse role."
+    assert check_explanation(MEMBER, ITEM, text).problems() == [
+        "names 'paris', of neither side",
+        "claims the member has 'kubernetes'",
+        "states 'The team in Paris is two levels above you'",
+        "states 'dismissed a Nurse role'",
+        "verdict Weak fit, the facts say Strong fit",
+    ]
 
 
 @pytest.mark.parametrize(

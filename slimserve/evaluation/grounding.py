@@ -267,6 +267,16 @@ class GroundingCheck:
             return None
         return self.verdict == ("Strong fit" if self.decision else "Weak fit")
 
+    def problems(self) -> list[str]:
+        """What the text gets wrong, one phrase each (empty: every checked fact holds)."""
+        found = [f"names {term.split(':', 1)[1]!r}, of neither side" for term in self.foreign_terms]
+        found += [f"claims the member has {skill!r}" for skill in self.false_skill_claims]
+        found += [f"states {claim!r}" for claim in self.false_gap_claims + self.false_level_claims]
+        found += [f"states {claim!r}" for claim in self.false_location_claims + self.false_activity_claims]
+        if not self.verdict_agrees:
+            found.append(f"verdict {self.verdict or 'missing'}, the facts say {self.expected_verdict}")
+        return found
+
     def as_dict(self) -> dict:
         return {
             "foreign_terms": self.foreign_terms,
