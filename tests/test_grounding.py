@@ -488,3 +488,40 @@ def test_activity_phrasings_that_state_the_history_raise_no_alarm(pairs):
             text = write_explanation(member, job, explanation_rng(seed, member, job))
             assert not check_explanation(member, job, text).false_activity_claims, text
     assert kinds == {ActivityKind.ENGAGED, ActivityKind.DISMISSED}
+
+
+@pytest.mark.parametrize(
+    ("skills", "text", "garbled"),
+    [  # the demo's published student wrote "postgru"; the unseen pairs "postgsrvql"
+        (
+            ("python", "grpc", "postgresql"),
+            "Strong fit. You have python, grpc and postgru.",
+            ["postgru~postgresql"],
+        ),
+        (
+            ("python", "kubernetes", "sql"),
+            "Strong fit. You have python and kubernets.",
+            ["kubernets~kubernetes"],
+        ),
+        (("python", "sql", "postgresql"), "Strong fit. You have postgsrvql.", ["postgsrvql~postgresql"]),
+    ],
+)
+def test_a_garbled_copy_of_a_pair_skill_is_caught(skills, text, garbled):
+    member = Member(**{**MEMBER.__dict__, "skills": skills})
+    check = check_explanation(member, item(required_skills=skills), text)
+    assert check.hallucinated and check.garbled_names == garbled
+    assert f"writes {garbled[0].split('~')[0]!r}" in check.problems()[0]
+
+
+def test_words_near_a_skill_that_are_not_copies_raise_no_alarm(pairs):
+    member = Member(**{**MEMBER.__dict__, "skills": ("python", "marketing", "excel")})
+    job = item(required_skills=("marketing", "python", "leadership"))
+    for text in (
+        GOOD,
+        "Strong fit. Your python is pythonic, the market likes marketing and you excel at it.",
+    ):
+        assert not check_explanation(member, job, text).garbled_names, text
+    for member, job in pairs:  # the writer's texts: every word is the pair's or the writer's own
+        for seed in range(3):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).garbled_names, text

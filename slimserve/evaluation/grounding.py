@@ -15,7 +15,9 @@ Per explanation (``check_explanation``):
   possible, as you want" to a member not open to remote work; or it says the member engaged with
   (engaged with, looked at) or dismissed (dismissed, passed on) a title their history does not hold
   under that kind, company and industry: students shortened "Senior Python Developer" to "Senior
-  Developer", and a teacher wrote "you passed on Accountant (internet)" for a finance role;
+  Developer", and a teacher wrote "you passed on Accountant (internet)" for a finance role; or it writes
+  a garbled copy of one of the pair's skills: a word in no field of the pair that starts with the same 4
+  letters as a skill word and mostly matches it ("postgru" for postgresql, in a student's demo text);
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -47,6 +49,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from functools import lru_cache
 
 from ..data import vocab
@@ -119,6 +122,9 @@ _ACTIVITY_KINDS = {
     "engaged with": ActivityKind.ENGAGED,
     "looked at": ActivityKind.ENGAGED,
 }
+_WORD = re.compile(r"[a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*")
+_NEAR_COPY_PREFIX = 4  # a garbled copy keeps the name's start: "postgru" for postgresql
+_NEAR_COPY_RATIO = 0.6
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -234,6 +240,9 @@ class GroundingCheck:
     false_level_claims: list[str] = field(default_factory=list)  # clauses stating a level gap it lacks
     false_location_claims: list[str] = field(default_factory=list)  # clauses stating a location fit it lacks
     false_activity_claims: list[str] = field(default_factory=list)  # activities not in the member's history
+    garbled_names: list[str] = field(
+        default_factory=list
+    )  # garbled copies of the pair's skills ("word~skill")
 
     @property
     def hallucinated(self) -> bool:
@@ -244,6 +253,7 @@ class GroundingCheck:
             or self.false_level_claims
             or self.false_location_claims
             or self.false_activity_claims
+            or self.garbled_names
         )
 
     @property
@@ -273,6 +283,7 @@ class GroundingCheck:
         found += [f"claims the member has {skill!r}" for skill in self.false_skill_claims]
         found += [f"states {claim!r}" for claim in self.false_gap_claims + self.false_level_claims]
         found += [f"states {claim!r}" for claim in self.false_location_claims + self.false_activity_claims]
+        found += [f"writes {pair.split('~')[0]!r} for {pair.split('~')[1]!r}" for pair in self.garbled_names]
         if not self.verdict_agrees:
             found.append(f"verdict {self.verdict or 'missing'}, the facts say {self.expected_verdict}")
         return found
@@ -285,6 +296,7 @@ class GroundingCheck:
             "false_level_claims": self.false_level_claims,
             "false_location_claims": self.false_location_claims,
             "false_activity_claims": self.false_activity_claims,
+            "garbled_names": self.garbled_names,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -328,6 +340,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         false_level_claims=false_level_claims(masked, facts.level_gap),
         false_location_claims=false_location_claims(masked, facts.location_fit),
         false_activity_claims=false_activity_claims(text, member),
+        garbled_names=garbled_names(text, member, item),
     )
 
 
@@ -397,6 +410,26 @@ def false_activity_claims(text: str, member: Member) -> list[str]:
             ):
                 false.append(_ACTIVITY.search(clause, clause.find(verb)).group(0))
     return false
+
+
+def garbled_names(text: str, member: Member, item: Item) -> list[str]:
+    """Words of ``text`` that are garbled copies of one of the pair's skills ("postgru" for postgresql):
+    in no field of the pair, sharing the skill word's first 4 letters and most of the rest, and neither
+    word a prefix of the other ("pythonic", "market" for marketing are not). As "word~skill word"."""
+    pair = set(_WORD.findall(_pair_text(member, item).lower()))
+    skills = sorted(
+        {w for s in (*member.skills, *item.required_skills) for w in _WORD.findall(s.lower()) if len(w) >= 4}
+    )
+    garbled = []
+    for word in sorted(set(_WORD.findall(text.lower())) - pair):
+        for skill in skills:
+            if word.startswith(skill) or skill.startswith(word):
+                continue
+            near = word[:_NEAR_COPY_PREFIX] == skill[:_NEAR_COPY_PREFIX]
+            if near and SequenceMatcher(None, word, skill).ratio() >= _NEAR_COPY_RATIO:
+                garbled.append(f"{word}~{skill}")
+                break
+    return garbled
 
 
 def _false_gaps(text: str) -> list[str]:
