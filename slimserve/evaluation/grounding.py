@@ -240,9 +240,7 @@ class GroundingCheck:
     false_level_claims: list[str] = field(default_factory=list)  # clauses stating a level gap it lacks
     false_location_claims: list[str] = field(default_factory=list)  # clauses stating a location fit it lacks
     false_activity_claims: list[str] = field(default_factory=list)  # activities not in the member's history
-    garbled_names: list[str] = field(
-        default_factory=list
-    )  # garbled copies of the pair's skills ("word~skill")
+    garbled_names: list[str] = field(default_factory=list)  # garbled skill copies ("word~skill")
 
     @property
     def hallucinated(self) -> bool:
@@ -399,7 +397,8 @@ def false_activity_claims(text: str, member: Member) -> list[str]:
     for clause in clauses(text):
         if _NEGATION.search(clause.lower()):
             continue
-        for verb, title, industry_in, company, industry_paren in _ACTIVITY.findall(clause):
+        for claim in _ACTIVITY.finditer(clause):
+            verb, title, industry_in, company, industry_paren = claim.groups(default="")
             industry = (industry_in or industry_paren).strip().lower()
             if not any(
                 a.item_title.lower() == title.lower()
@@ -408,7 +407,7 @@ def false_activity_claims(text: str, member: Member) -> list[str]:
                 and (not company or company.strip().lower() == a.company.lower())
                 for a in member.history
             ):
-                false.append(_ACTIVITY.search(clause, clause.find(verb)).group(0))
+                false.append(claim.group(0))
     return false
 
 
