@@ -251,9 +251,8 @@ def _grounding_line(member, item, text: str) -> str:
     from .evaluation.grounding import check_explanation
 
     problems = check_explanation(member, item, text).problems()
-    if not problems:
-        return "Grounding check (the build's evaluation): every stated fact and the verdict match the pair."
-    return "Grounding check (the build's evaluation): " + "; ".join(problems) + "."
+    said = "; ".join(problems) if problems else "every stated fact and the verdict match the pair"
+    return f"Grounding check (the build's evaluation): {said}."
 
 
 async def _start_scoring(options: UpConfig, triton_url: str, bundle_dir: Path):
