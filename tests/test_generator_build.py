@@ -14,12 +14,15 @@ import torch
 from slimserve.buildstage import artifacts
 from slimserve.buildstage.context import stage_config
 from slimserve.buildstage.generator_served import (
+    FREE_PROMPT_FILLS,
+    FREE_PROMPT_SEED_OFFSET,
     explain_penalty,
     served_check,
     served_explanations,
     served_label,
 )
 from slimserve.buildstage.generator_stages import (
+    FREE_PROMPT_KEY,
     GENERATOR_STAGES,
     active_stages,
     check_gates,
@@ -29,7 +32,7 @@ from slimserve.buildstage.generator_stages import (
     standalone_context,
 )
 from slimserve.buildstage.recipe import load_recipe
-from slimserve.compression.generator_data import Sampling, TeacherText, generate
+from slimserve.compression.generator_data import Sampling, TeacherText, chat_prompts, generate
 from slimserve.compression.generator_distill import (
     response_batch,
     response_logprobs,
@@ -39,8 +42,10 @@ from slimserve.compression.generator_distill import (
 from slimserve.compression.generator_eval import evaluate_text, token_sums
 from slimserve.compression.generator_finetune import finetune_on_answers
 from slimserve.compression.trainer import TrainConfig
+from slimserve.data.explanations import OFF_TOPIC_INSTRUCTIONS, general_instructions
 from slimserve.errors import BuildError
 from slimserve.evaluation.generator_report import GeneratorRow
+from slimserve.evaluation.grounding import parse_verdict
 from slimserve.models.teacher import load_teacher
 from slimserve.pair_facts import pair_facts
 
@@ -105,7 +110,16 @@ def test_teacher_text_is_cached_with_the_teachers_own_targets(built):
     recipe, ctx, _, _ = built
     settings = recipe.generator.teacher_text
     train = TeacherText.load(recipe.resolved_work_dir() / "gen_teacher", "train")
-    assert len(train.prompts) == settings.prompts and len(set(train.keys)) == settings.prompts
+    count = settings.prompts + settings.free_prompts
+    assert len(train.prompts) == count and len(set(train.keys)) == count
+    # The free instructions follow the explanation prompts, as chat prompts of their own.
+    free = general_instructions(settings.free_prompts, settings.seed + 41)
+    assert settings.free_prompts and train.keys[settings.prompts :] == [
+        f"{FREE_PROMPT_KEY}/{i}" for i in range(settings.free_prompts)
+    ]
+    assert train.prompts[settings.prompts :] == chat_prompts(
+        free, ctx.tokenizer_file, settings.max_prompt_tokens
+    )
     tokens = sum(len(r) for r in train.responses)
     assert train.generated.topk_logprobs.shape == (tokens, settings.top_k)
     for response in train.responses:
@@ -266,6 +280,12 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     ]
     assert all(pair_facts(e.member, e.item).full_match for e in full)
     assert f"as served on {len(full)} test-split full matches" in card
+    # ... and how many free Generate prompts it answered as an explanation of fit
+    free = row["notes"]["free_prompts"]
+    shaped = round(free["as_explanations"] * len(free["answers"]))
+    assert (
+        f"answered as an explanation of fit (none asks for one): {shaped} of {len(free['answers'])}" in card
+    )
 
 
 def _published_to(recipe, repository, **gates):
@@ -297,6 +317,33 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     requests = [GenerationRequest(tuple(p), limit, repetition_penalty=1.0) for p in prompts]
     expected = [ctx.tokenizer.decode(t, skip_special_tokens=True) for t in engine_generate(engine, requests)]
     assert served_explanations(ctx, decoder, examples, explain_penalty()) == expected
+    # The served row also answers free Generate prompts: held-out template fills, then off-topic ones.
+    report = json.loads((version / "export_report.json").read_text())
+    free = report["served_grounding"]["notes"]["free_prompts"]
+    seed = ctx.settings.teacher_text.seed + FREE_PROMPT_SEED_OFFSET
+    prompts = [*general_instructions(FREE_PROMPT_FILLS, seed), *OFF_TOPIC_INSTRUCTIONS]
+    assert [a["prompt"] for a in free["answers"]] == prompts
+    verdicts = [parse_verdict(a["text"]) is not None for a in free["answers"]]
+    assert free["as_explanations"] == sum(verdicts) / len(prompts)
+
+
+def test_free_prompts_answered_with_a_verdict_count_as_explanations(built, monkeypatch):
+    """The free-prompt check counts the answers whose first sentence gives a verdict of fit."""
+    from slimserve.buildstage import generator_served
+
+    _, ctx, _, _ = built
+    answers = iter(["Weak fit for you. Your profile lists none of them.", "Paris is the capital."])
+    monkeypatch.setattr(
+        generator_served,
+        "_served_texts",
+        lambda ctx, decoder, prompts, penalty: [next(answers, "A haiku.") for _ in prompts],
+    )
+    free = generator_served.free_prompt_answers(ctx, decoder=None)
+    assert free["as_explanations"] == 1 / (FREE_PROMPT_FILLS + len(OFF_TOPIC_INSTRUCTIONS))
+    assert (
+        free["answers"][0]["text"].startswith("Weak fit")
+        and free["answers"][1]["text"] == "Paris is the capital."
+    )
 
 
 def test_a_published_graph_that_misses_a_grounding_gate_publishes_nothing(built, tmp_path):
@@ -480,10 +527,16 @@ def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
 
 
 def test_renaming_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
-    """``renamed_share``, ``invented_share`` and ``full_match_copies`` only choose the distillation
+    """``renamed_share``, ``invented_share``, ``full_match_copies`` and ``free_prompts`` only choose the distillation
     prompts: changing one keeps the fine-tuned teacher and re-runs every stage from its text on."""
     recipe = tiny_recipe(tmp_path)
-    for field, value in (("renamed_share", 0.25), ("invented_share", 0.75), ("full_match_copies", 3)):
+    changes = (
+        ("renamed_share", 0.25),
+        ("invented_share", 0.75),
+        ("full_match_copies", 3),
+        ("free_prompts", 9),
+    )
+    for field, value in changes:
         text = recipe.generator.teacher_text.model_copy(update={field: value})
         other = recipe.model_copy(
             update={"generator": recipe.generator.model_copy(update={"teacher_text": text})}

@@ -80,7 +80,7 @@ def _generator_base(recipe: Recipe) -> dict:
 
 
 # Teacher-text settings that choose the distillation prompts: the fine-tune reads none of them.
-_TEXT_ONLY = {"renamed_share", "invented_share", "varied_title_share", "full_match_copies"}
+_TEXT_ONLY = {"renamed_share", "invented_share", "varied_title_share", "full_match_copies", "free_prompts"}
 
 
 def _generator_finetune(recipe: Recipe) -> dict:

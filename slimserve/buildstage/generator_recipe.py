@@ -96,6 +96,13 @@ class TeacherTextSettings(_Strict):
         "and a domain word ('Lead Payments Backend Developer'; data.renaming.varied_titles): trained on the "
         "dataset's two-word titles alone, the student shortened the demo's 'Senior Python Developer'",
     )
+    free_prompts: int = Field(
+        0,
+        ge=0,
+        description="Free instructions (career and general questions, data.explanations.general_instructions) "
+        "added to the train prompts, answered by the fine-tuned teacher: distilled on explanation prompts "
+        "alone, the student answered every free Generate prompt as an explanation ('Weak fit for you...')",
+    )
     full_match_copies: int = Field(
         0,
         ge=0,

@@ -22,11 +22,19 @@ from .generator_stages import GeneratorContext, check_grounding_gates, scorer_de
 log = logging.getLogger(__name__)
 
 
+FREE_PROMPT_SEED_OFFSET = 97  # held-out fills of the free-instruction templates (teacher text: + 41)
+FREE_PROMPT_FILLS = 8
+
+
 def explain_penalty() -> float:
     """The repetition penalty the ReasoningService gives an Explain request that sets none."""
+    return _service_default("explain_repetition_penalty")
+
+
+def _service_default(field: str) -> float:
     from ..serving.reasoning.config import ReasoningServiceConfig
 
-    return float(ReasoningServiceConfig.model_fields["explain_repetition_penalty"].default)
+    return float(ReasoningServiceConfig.model_fields[field].default)
 
 
 def served_label(ctx: GeneratorContext) -> str:
@@ -39,16 +47,38 @@ def served_explanations(ctx: GeneratorContext, decoder, examples: list, penalty:
     """``decoder`` (an ``OnnxDecoder``) explains ``examples`` through the serving engine, all admitted
     at once, greedy at ``penalty``; the texts, special tokens dropped."""
     from ..compression.generator_data import explain_prompts
+
+    prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
+    return _served_texts(ctx, decoder, prompts, penalty)
+
+
+def _served_texts(ctx: GeneratorContext, decoder, prompts: list[list[int]], penalty: float) -> list[str]:
+    """``prompts`` decoded through the serving engine, all admitted at once, greedy at ``penalty``."""
     from ..triton_models.generator import BatchEngine, GenerationRequest, generate
 
-    settings = ctx.settings
-    prompts = explain_prompts(examples, ctx.tokenizer_file, settings.teacher_text.max_prompt_tokens)
-    requests = [
-        GenerationRequest(tuple(p), settings.evaluation.max_new_tokens, repetition_penalty=penalty)
-        for p in prompts
-    ]
+    limit = ctx.settings.evaluation.max_new_tokens
+    requests = [GenerationRequest(tuple(p), limit, repetition_penalty=penalty) for p in prompts]
     outputs = generate(BatchEngine(decoder, ctx.end_ids), requests)
     return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+
+
+def free_prompt_answers(ctx: GeneratorContext, decoder) -> dict:
+    """Free ``Generate`` prompts as the service decodes them (its default repetition penalty): held-out
+    fills of the free-instruction templates and off-topic questions. ``as_explanations`` is the share
+    answered as an explanation of fit (a verdict in the first sentence), which no free prompt asks for."""
+    from ..compression.generator_data import chat_prompts
+    from ..data.explanations import OFF_TOPIC_INSTRUCTIONS, general_instructions
+    from ..evaluation.grounding import parse_verdict
+
+    seed = ctx.settings.teacher_text.seed + FREE_PROMPT_SEED_OFFSET
+    instructions = [*general_instructions(FREE_PROMPT_FILLS, seed), *OFF_TOPIC_INSTRUCTIONS]
+    prompts = chat_prompts(instructions, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
+    texts = _served_texts(ctx, decoder, prompts, _service_default("default_repetition_penalty"))
+    verdicts = [parse_verdict(t) is not None for t in texts]
+    return {
+        "as_explanations": sum(verdicts) / len(verdicts),
+        "answers": [{"prompt": i, "text": t} for i, t in zip(instructions, texts, strict=True)],
+    }
 
 
 def _keyed(examples: list, texts: list[str]) -> list[dict]:
@@ -80,8 +110,14 @@ def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> Gene
             more_texts = served_explanations(ctx, decoder, more, penalty)
             take(evaluate_grounding([(e.member, e.item) for e in more], more_texts)[0])
             row.notes[note] = _keyed(more, more_texts)
+    free = row.notes["free_prompts"] = free_prompt_answers(ctx, decoder)
     row.notes["seconds"] = round(time.perf_counter() - started, 1)
     log.info("%s: %s", row.stage, {k: v for k, v in row.as_dict().items() if k != "notes"})
+    log.info(
+        "free Generate prompts answered as an explanation of fit: %d of %d (not gated)",
+        round(free["as_explanations"] * len(free["answers"])),
+        len(free["answers"]),
+    )
     return row
 
 

@@ -36,6 +36,7 @@ GENERATOR_STAGES = ("gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy",
 FINAL_STAGE = GENERATOR_STAGES[-1]
 ROWS_FILE = "generator_rows.json"
 EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
+FREE_PROMPT_KEY = "instruction"  # teacher-text key of a free instruction: instruction/<index>
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
 FINETUNE_SET_FILE = "finetune_set.json"  # the generator teacher's fine-tune texts: [{kind, text, ...}]
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
@@ -323,8 +324,10 @@ def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
 
 
 def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
-    """Write the teacher's text for train prompts (with top-k targets) and held-out prompts, once."""
-    from ..compression.generator_data import explain_prompts, generate, pick
+    """Write the teacher's text for train prompts (with top-k targets; ``free_prompts`` free
+    instructions after the explanation prompts) and held-out prompts, once."""
+    from ..compression.generator_data import chat_prompts, explain_prompts, generate, pick
+    from ..data.explanations import general_instructions
     from ..data.renaming import renamed_copies, with_renamed_share, with_varied_titles
 
     settings = ctx.settings.teacher_text
@@ -349,11 +352,15 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         else:
             examples = pick(pool, count, settings.seed)
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)
+        keys = [f"{e.member_id}/{e.item_id}" for e in examples]
+        if name == "train" and settings.free_prompts:
+            free = general_instructions(settings.free_prompts, settings.seed + 41)
+            prompts += chat_prompts(free, ctx.tokenizer_file, settings.max_prompt_tokens)
+            keys += [f"{FREE_PROMPT_KEY}/{i}" for i in range(len(free))]
         with progress_bar(len(prompts), f"teacher text, {name}") as bar:
             generated = generate(
                 ctx.teacher, prompts, sampling, ctx.end_ids, settings.batch_size, top_k, bar.update
             )
-        keys = [f"{e.member_id}/{e.item_id}" for e in examples]
         TeacherText(keys, prompts, generated).save(out, name, ctx.decode)
     return [evaluate(ctx, ctx.teacher_label, ctx.teacher, out)]
 

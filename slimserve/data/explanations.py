@@ -225,6 +225,16 @@ _GENERAL_TEMPLATES = (
 )
 
 
+# Free prompts off the career topic: the published generator's check of free ``Generate`` prompts adds
+# them to held-out fills of the templates above.
+OFF_TOPIC_INSTRUCTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about autumn.",
+    "Explain photosynthesis to a child in two sentences.",
+    "Translate 'good morning' into Spanish and German.",
+)
+
+
 def general_instructions(count: int, seed: int) -> list[str]:
     """``count`` free instructions (career and general questions), seeded."""
     rng = random.Random(f"general:{seed}")

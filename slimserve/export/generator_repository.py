@@ -171,6 +171,13 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
                 f"- as served on {served['full_match_pairs']} test-split full matches (the member has every "
                 f"required skill): hallucination {_rate(served['full_match_hallucination_rate'])}"
             )
+        free = served["notes"].get("free_prompts")
+        if free:
+            count = len(free["answers"])
+            lines.append(
+                f"- free Generate prompts answered as an explanation of fit (none asks for one): "
+                f"{round(free['as_explanations'] * count)} of {count}"
+            )
     return "\n".join(lines) + "\n"
 
 
