@@ -23,6 +23,7 @@ from slimserve.buildstage.generator_served import (
 )
 from slimserve.buildstage.generator_stages import (
     FREE_PROMPT_KEY,
+    FREE_PROMPT_TEXT_SEED_OFFSET,
     GENERATOR_STAGES,
     active_stages,
     check_gates,
@@ -113,7 +114,7 @@ def test_teacher_text_is_cached_with_the_teachers_own_targets(built):
     count = settings.prompts + settings.free_prompts
     assert len(train.prompts) == count and len(set(train.keys)) == count
     # The free instructions follow the explanation prompts, as chat prompts of their own.
-    free = general_instructions(settings.free_prompts, settings.seed + 41)
+    free = general_instructions(settings.free_prompts, settings.seed + FREE_PROMPT_TEXT_SEED_OFFSET)
     assert settings.free_prompts and train.keys[settings.prompts :] == [
         f"{FREE_PROMPT_KEY}/{i}" for i in range(settings.free_prompts)
     ]

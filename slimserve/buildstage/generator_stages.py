@@ -37,6 +37,7 @@ FINAL_STAGE = GENERATOR_STAGES[-1]
 ROWS_FILE = "generator_rows.json"
 EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
 FREE_PROMPT_KEY = "instruction"  # teacher-text key of a free instruction: instruction/<index>
+FREE_PROMPT_TEXT_SEED_OFFSET = 41  # the teacher text's free instructions: teacher_text.seed + this
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
 FINETUNE_SET_FILE = "finetune_set.json"  # the generator teacher's fine-tune texts: [{kind, text, ...}]
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
@@ -354,7 +355,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         prompts = explain_prompts(examples, ctx.tokenizer_file, settings.max_prompt_tokens)
         keys = [f"{e.member_id}/{e.item_id}" for e in examples]
         if name == "train" and settings.free_prompts:
-            free = general_instructions(settings.free_prompts, settings.seed + 41)
+            free = general_instructions(settings.free_prompts, settings.seed + FREE_PROMPT_TEXT_SEED_OFFSET)
             prompts += chat_prompts(free, ctx.tokenizer_file, settings.max_prompt_tokens)
             keys += [f"{FREE_PROMPT_KEY}/{i}" for i in range(len(free))]
         with progress_bar(len(prompts), f"teacher text, {name}") as bar:

@@ -307,7 +307,8 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
     """Check one explanation of ``(member, item)``; ``decision`` is the scoring student's (engage?)."""
     vocabulary_ = vocabulary()
     facts = pair_facts(member, item)
-    own = {term for _, term in mentions(_pair_text(member, item))}
+    pair_text = _pair_text(member, item)
+    own = {term for _, term in mentions(pair_text)}
     foreign = sorted(
         {
             f"{vocabulary_.kinds(term)[0]}:{term}"
@@ -338,7 +339,7 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         false_level_claims=false_level_claims(masked, facts.level_gap),
         false_location_claims=false_location_claims(masked, facts.location_fit),
         false_activity_claims=false_activity_claims(text, member),
-        garbled_names=garbled_names(text, member, item),
+        garbled_names=garbled_names(text, member, item, pair_text),
     )
 
 
@@ -411,11 +412,12 @@ def false_activity_claims(text: str, member: Member) -> list[str]:
     return false
 
 
-def garbled_names(text: str, member: Member, item: Item) -> list[str]:
+def garbled_names(text: str, member: Member, item: Item, pair_text: str | None = None) -> list[str]:
     """Words of ``text`` that are garbled copies of one of the pair's skills ("postgru" for postgresql):
     in no field of the pair, sharing the skill word's first 4 letters and most of the rest, and neither
-    word a prefix of the other ("pythonic", "market" for marketing are not). As "word~skill word"."""
-    pair = set(_WORD.findall(_pair_text(member, item).lower()))
+    word a prefix of the other ("pythonic", "market" for marketing are not). As "word~skill word".
+    ``pair_text``: the pair's fields as ``check_explanation`` already joined them (None: joined here)."""
+    pair = set(_WORD.findall((pair_text or _pair_text(member, item)).lower()))
     skills = sorted(
         {w for s in (*member.skills, *item.required_skills) for w in _WORD.findall(s.lower()) if len(w) >= 4}
     )
