@@ -25,17 +25,18 @@ EXAMPLE_MEMBER = Member(
     ),
 )
 
+# (title, required skills, industry, the level the title names or None: drawn at random)
 _TITLES = (
-    ("Senior Backend Engineer", ("python", "grpc", "postgresql"), "software"),
-    ("Machine Learning Engineer, Ranking", ("python", "machine learning", "pytorch"), "internet"),
-    ("Site Reliability Engineer", ("kubernetes", "go", "prometheus"), "software"),
-    ("Data Analyst", ("sql", "excel", "tableau"), "retail"),
-    ("Registered Nurse", ("patient care", "triage"), "healthcare"),
-    ("Frontend Developer", ("typescript", "react", "css"), "internet"),
-    ("Staff Platform Engineer", ("go", "kubernetes", "terraform"), "software"),
-    ("Sales Development Representative", ("negotiation", "crm"), "software"),
-    ("Accountant", ("bookkeeping", "ifrs", "excel"), "finance"),
-    ("Search Relevance Engineer", ("python", "information retrieval", "machine learning"), "internet"),
+    ("Senior Backend Engineer", ("python", "grpc", "postgresql"), "software", Seniority.SENIOR),
+    ("Machine Learning Engineer, Ranking", ("python", "machine learning", "pytorch"), "internet", None),
+    ("Site Reliability Engineer", ("kubernetes", "go", "prometheus"), "software", None),
+    ("Data Analyst", ("sql", "excel", "tableau"), "retail", None),
+    ("Registered Nurse", ("patient care", "triage"), "healthcare", None),
+    ("Frontend Developer", ("typescript", "react", "css"), "internet", None),
+    ("Staff Platform Engineer", ("go", "kubernetes", "terraform"), "software", Seniority.LEAD),
+    ("Sales Development Representative", ("negotiation", "crm"), "software", None),
+    ("Accountant", ("bookkeeping", "ifrs", "excel"), "finance", None),
+    ("Search Relevance Engineer", ("python", "information retrieval", "machine learning"), "internet", None),
 )
 _COMPANIES = (
     "Acme Cloud",
@@ -55,13 +56,15 @@ _LEVELS = (Seniority.ENTRY, Seniority.MID, Seniority.SENIOR, Seniority.LEAD)
 
 
 def example_candidates(count: int = 10, seed: int = 7) -> list[Item]:
-    """``count`` varied job postings (ids ``job-000``...), deterministic for a seed."""
+    """``count`` varied job postings (ids ``job-000``...), deterministic for a seed; a title that names a
+    level ("Senior", "Staff") has that level."""
     rng = random.Random(seed)
     items = []
     for index in range(count):
-        title, skills, industry = _TITLES[index % len(_TITLES)]
+        title, skills, industry, titled_level = _TITLES[index % len(_TITLES)]
         city = rng.choice(_CITIES)
         company = rng.choice(_COMPANIES)
+        level = rng.choice(_LEVELS)  # drawn for every title: the other draws stay as they were
         items.append(
             Item(
                 id=f"job-{index:03d}",
@@ -69,7 +72,7 @@ def example_candidates(count: int = 10, seed: int = 7) -> list[Item]:
                 title=title,
                 company=company,
                 required_skills=skills,
-                seniority=rng.choice(_LEVELS),
+                seniority=titled_level or level,
                 location=city,
                 remote=city == "Remote" or rng.random() < 0.2,
                 industry=industry,

@@ -24,7 +24,7 @@ from slimserve.data.splits import assign_members, bayes_optimal_auc, split_datas
 from slimserve.data.synth import SynthConfig, oracle_probabilities, synthesize, write_synthetic
 from slimserve.errors import UserError
 from slimserve.evaluation.metrics import auc
-from slimserve.schema import ActivityKind
+from slimserve.schema import ActivityKind, Seniority
 
 SMALL = SynthConfig(seed=3, members=150, items=120)
 
@@ -428,3 +428,15 @@ def test_varied_titles_keep_the_pair_s_facts_with_longer_titles(default_synth):
     assert (
         0.3 * len(examples) < sum(a != b for a, b in zip(half, examples, strict=True)) < 0.7 * len(examples)
     )
+
+
+def test_sample_jobs_whose_title_names_a_level_have_that_level():
+    from slimserve.examples import example_candidates
+
+    titled = {"Senior": Seniority.SENIOR, "Staff": Seniority.LEAD}
+    jobs = example_candidates(30)
+    for job in jobs:
+        word = job.title.split()[0]
+        if word in titled:
+            assert job.seniority is titled[word], (job.title, job.seniority)
+    assert len({job.seniority for job in jobs}) == 4  # the other titles keep varied levels

@@ -492,7 +492,7 @@ def test_activity_phrasings_that_state_the_history_raise_no_alarm(pairs):
 
 @pytest.mark.parametrize(
     ("skills", "text", "garbled"),
-    [  # the demo's published student wrote "postgru"; the unseen pairs "postgsrvql"
+    [  # the demo's published student wrote "postgru" and "typcript"; the unseen pairs "postgsrvql"
         (
             ("python", "grpc", "postgresql"),
             "Strong fit. You have python, grpc and postgru.",
@@ -504,6 +504,7 @@ def test_activity_phrasings_that_state_the_history_raise_no_alarm(pairs):
             ["kubernets~kubernetes"],
         ),
         (("python", "sql", "postgresql"), "Strong fit. You have postgsrvql.", ["postgsrvql~postgresql"]),
+        (("go", "typescript", "react"), "Strong fit. You have typcript and react.", ["typcript~typescript"]),
     ],
 )
 def test_a_garbled_copy_of_a_pair_skill_is_caught(skills, text, garbled):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
+from slimserve import atomic
 from slimserve.buildstage.context import stage_inputs
 from slimserve.buildstage.resumable import StageRunner
 from slimserve.evaluation.report import StageRow
@@ -52,3 +57,16 @@ def test_a_stage_records_its_seconds_and_linear_flops(tmp_path):
     StageRunner(tmp_path, {}).run("teacher", {"lr": 1}, stage)
     done = json.loads((tmp_path / "teacher" / "done.json").read_text())
     assert done["linear_flops"] == 2 * 15 * 8 * 4 and done["seconds"] >= 0
+
+
+def test_a_rewritten_build_file_is_replaced_whole_and_leaves_a_hard_linked_copy_alone(tmp_path):
+    path, copy = tmp_path / "report.json", tmp_path / "copy.json"
+    atomic.write_text(path, "old\n")
+    os.link(path, copy)  # a build copied with `cp -al`
+    atomic.write_text(path, "new\n")
+    assert path.read_text() == "new\n" and copy.read_text() == "old\n"
+
+    with pytest.raises((OSError, TypeError)):
+        atomic.write_text(path, object())  # the write fails half-way
+    assert path.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.json", "report.json"]  # no temp file left

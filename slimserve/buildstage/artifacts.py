@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 import numpy as np
 
+from .. import atomic
 from ..evaluation.report import StageRow
 
 DONE_FILE = "done.json"
@@ -40,11 +40,11 @@ def run_id(stage_dir: Path) -> str | None:
 def mark_done(stage_dir: Path, config: dict, summary: dict | None = None) -> None:
     """Write the stage's resolved settings and its done-marker (last, so a crash leaves no marker)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+    atomic.write_text(
+        stage_dir / "config.json", json.dumps(config, indent=2, sort_keys=True, default=str) + "\n"
+    )
     payload = {"config_hash": config_hash(config), "run": uuid.uuid4().hex, **(summary or {})}
-    tmp = stage_dir / (DONE_FILE + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, stage_dir / DONE_FILE)
+    atomic.write_text(stage_dir / DONE_FILE, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def prepare_stage(stage_dir: Path, config: dict) -> None:
@@ -74,7 +74,7 @@ def load_array(stage_dir: Path, name: str) -> np.ndarray:
 
 
 def save_rows(stage_dir: Path, rows: list[StageRow], name: str = "rows.json") -> None:
-    (stage_dir / name).write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+    atomic.write_text(stage_dir / name, json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
 
 
 def load_rows(stage_dir: Path, name: str = "rows.json") -> list[StageRow]:

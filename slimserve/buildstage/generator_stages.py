@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from pathlib import Path
 
+from .. import atomic
 from ..compression.generator_data import Sampling, TeacherText
 from ..compression.trainer import progress_bar
 from ..errors import BuildError, UserError
@@ -172,7 +173,7 @@ def _explain(ctx: GeneratorContext, examples: list, label: str, model, out: Path
         {"key": f"{e.member_id}/{e.item_id}", "text": ctx.tokenizer.decode(r, skip_special_tokens=True)}
         for e, r in zip(examples, generated.responses, strict=True)
     ]
-    path.write_text(json.dumps(texts, indent=1) + "\n")
+    atomic.write_text(path, json.dumps(texts, indent=1) + "\n")
 
 
 def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
@@ -560,7 +561,7 @@ def attach_grounding(ctx: GeneratorContext, stage_rows: dict[str, list[Generator
             if summary is not None:
                 row.set_unseen_grounding(summary)
         if checks_out:
-            (ctx.work / stage / GROUNDING_FILE).write_text(json.dumps(checks_out, indent=1) + "\n")
+            atomic.write_text(ctx.work / stage / GROUNDING_FILE, json.dumps(checks_out, indent=1) + "\n")
 
 
 def _grounding_of(written: list[dict], examples: list, decisions, checks_out: dict, label: str):

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import atomic
 from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
@@ -85,7 +86,7 @@ def run_build(
 
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    (work / "recipe.json").write_text(recipe.model_dump_json(indent=2) + "\n")
+    atomic.write_text(work / "recipe.json", recipe.model_dump_json(indent=2) + "\n")
     seconds: dict[str, float] = {}
     stages = StageRunner(work, seconds, quality=_quality, inputs=stage_inputs)
 
@@ -152,7 +153,7 @@ def run_build(
     def int8(out: Path) -> list[StageRow]:
         int8_rows, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
         chosen["path"] = path
-        (out / "chosen.json").write_text(json.dumps({"path": str(path.resolve())}) + "\n")
+        atomic.write_text(out / "chosen.json", json.dumps({"path": str(path.resolve())}) + "\n")
         return int8_rows
 
     int8_rows = timed("int8", int8)
@@ -269,8 +270,8 @@ def _report_and_publish(
 def _write_report(recipe: Recipe, result: BuildResult, command: str) -> str:
     work = recipe.resolved_work_dir()
     card = build_card(recipe, result, command)
-    (work / "report.md").write_text(card)
-    (work / "report.json").write_text(json.dumps(report_json(result), indent=2) + "\n")
+    atomic.write_text(work / "report.md", card)
+    atomic.write_text(work / "report.json", json.dumps(report_json(result), indent=2) + "\n")
     return card
 
 
@@ -363,7 +364,7 @@ def _publish_once(recipe: Recipe, kind: str, publish, stages_ran: bool):
         }
         out = recipe.resolved_work_dir() / PUBLISH_DIR
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{kind}.json").write_text(json.dumps(record, indent=2) + "\n")
+        atomic.write_text(out / f"{kind}.json", json.dumps(record, indent=2) + "\n")
     return published
 
 

@@ -123,8 +123,9 @@ _ACTIVITY_KINDS = {
     "looked at": ActivityKind.ENGAGED,
 }
 _WORD = re.compile(r"[a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*")
-_NEAR_COPY_PREFIX = 4  # a garbled copy keeps the name's start: "postgru" for postgresql
-_NEAR_COPY_RATIO = 0.6
+# A garbled copy keeps the name's start: "postgru" for postgresql (4 letters, then most of the rest), or
+# its first 3 letters and nearly all the rest: "typcript" for typescript. (prefix length, least ratio):
+_NEAR_COPY_RULES = ((4, 0.6), (3, 0.8))
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -412,10 +413,17 @@ def false_activity_claims(text: str, member: Member) -> list[str]:
     return false
 
 
+def _near_copy(word: str, skill: str) -> bool:
+    """``word`` starts like ``skill`` and keeps most of it (``_NEAR_COPY_RULES``)."""
+    least = [ratio for prefix, ratio in _NEAR_COPY_RULES if word[:prefix] == skill[:prefix]]
+    return bool(least) and SequenceMatcher(None, word, skill).ratio() >= min(least)
+
+
 def garbled_names(text: str, member: Member, item: Item, pair_text: str | None = None) -> list[str]:
     """Words of ``text`` that are garbled copies of one of the pair's skills ("postgru" for postgresql):
-    in no field of the pair, sharing the skill word's first 4 letters and most of the rest, and neither
-    word a prefix of the other ("pythonic", "market" for marketing are not). As "word~skill word".
+    in no field of the pair, sharing the skill word's first 4 letters and most of the rest (or its first 3
+    and nearly all the rest: "typcript" for typescript), and neither word a prefix of the other
+    ("pythonic", "market" for marketing are not). As "word~skill word".
     ``pair_text``: the pair's fields as ``check_explanation`` already joined them (None: joined here)."""
     pair = set(_WORD.findall((pair_text or _pair_text(member, item)).lower()))
     skills = sorted(
@@ -426,8 +434,7 @@ def garbled_names(text: str, member: Member, item: Item, pair_text: str | None =
         for skill in skills:
             if word.startswith(skill) or skill.startswith(word):
                 continue
-            near = word[:_NEAR_COPY_PREFIX] == skill[:_NEAR_COPY_PREFIX]
-            if near and SequenceMatcher(None, word, skill).ratio() >= _NEAR_COPY_RATIO:
+            if _near_copy(word, skill):
                 garbled.append(f"{word}~{skill}")
                 break
     return garbled
