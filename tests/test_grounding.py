@@ -309,6 +309,8 @@ def test_full_match_phrasings_and_real_gaps_raise_no_gap_alarm(pairs):
         (Seniority.MID, "Strong fit. You have python and sql. It is senior, one level below you."),
         (Seniority.ENTRY, "Strong fit. You have python and sql. It is 3 steps up from entry-level."),
         (Seniority.UNSPECIFIED, "Strong fit. You have python and sql. The senior level matches yours."),
+        # a same-level pair's fit denied (a student's demo text)
+        (Seniority.SENIOR, "Strong fit. You have python and sql. It is senior, which you are not."),
     ],
 )
 def test_a_level_gap_the_pair_lacks_is_caught(seniority, text):
@@ -323,6 +325,8 @@ def test_level_phrasings_that_state_the_gap_raise_no_alarm(pairs):
         (Seniority.MID, "Strong fit. It is senior, one level above your level. You have python."),
         (Seniority.ENTRY, "Strong fit. It is 2 steps up from entry-level, not a level you hold yet."),
         (Seniority.LEAD, "Strong fit. It is a step down from lead. It is not at your level."),
+        (Seniority.MID, "Strong fit. It is senior, which you are not. You have python."),
+        (Seniority.SENIOR, "Weak fit. It is remote, which you are not open to. It is senior."),
         (Seniority.UNSPECIFIED, "Strong fit. The level cannot be compared. You have python."),
     ):
         member = Member(**{**MEMBER.__dict__, "seniority": seniority})
@@ -426,6 +430,7 @@ def test_vocabulary_terms_are_found_longest_first():
         ({"location": "Paris"}, "Strong fit. You have python and sql. It is in Paris, where you live."),
         ({"remote": True}, "Strong fit. You have python and sql. It is on site in Berlin, your city."),
         ({"remote": True}, "Strong fit. You have python and sql. It is remote, and you are open to that."),
+        ({}, "Strong fit. You have python and sql. It is in Berlin, not Berlin."),  # a student's demo text
     ],
 )
 def test_a_location_fit_the_pair_lacks_is_caught(changes, text):

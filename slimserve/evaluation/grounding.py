@@ -87,6 +87,10 @@ _LEVEL_STEPS = re.compile(
     r"\b(\d+|a|an|one|two|three|four|five|six) (?:levels?|steps?) (above|below|up|down|higher|lower)\b"
 )
 _SAME_LEVEL = re.compile(r"\b(?:your level|same level|matches yours)\b")
+# A level fit denied ("It is senior, which you are not"): false when the levels are the same.
+_DENIED_LEVEL = re.compile(r"\bwhich you are not\b(?! open)|\bnot (?:your|the same) level\b")
+# A place that contradicts itself ("It is in Berlin, not Berlin"): false whatever the pair.
+_PLACE_AND_NOT = re.compile(r"\bin ([A-Z][\w-]*(?: [A-Z][\w-]*)*), not \1\b")
 # Location claims: (pattern, the fits of the pair where it holds (``pair_facts.location_fit``), read in a
 # negated clause too). The member's view of remote work is judged only for a remote item.
 _ON_SITE = (SAME_CITY, OTHER_CITY)
@@ -358,10 +362,13 @@ def repeated_sentences(text: str) -> list[str]:
 
 def false_level_claims(text: str, gap: int | None) -> list[str]:
     """The clauses of ``text`` that state a level gap other than ``gap`` (item level minus the member's;
-    None: not comparable, so any stated gap is false)."""
+    None: not comparable, so any stated gap is false), or deny a fit when the levels are the same."""
     false = []
     for clause in clauses(text):
         lower = clause.lower()
+        if gap == 0 and _DENIED_LEVEL.search(lower):
+            false.append(clause.strip())
+            continue
         if _NEGATION.search(lower):
             continue
         stated = [
@@ -378,12 +385,13 @@ def false_level_claims(text: str, gap: int | None) -> list[str]:
 
 def false_location_claims(text: str, fit: str) -> list[str]:
     """The clauses of ``text`` that state a location fit other than ``fit`` (``pair_facts.location_fit``):
-    remote or on site, in the member's city, a move, the member open to remote work or not."""
+    remote or on site, in the member's city, a move, the member open to remote work or not; or a place
+    that contradicts itself ("in Berlin, not Berlin")."""
     false = []
     for clause in clauses(text):
         lower = clause.lower()
         negated = _NEGATION.search(lower) is not None
-        if any(
+        if _PLACE_AND_NOT.search(clause) or any(
             pattern.search(lower) and fit not in holds and (in_negated or not negated)
             for pattern, holds, in_negated in _LOCATION_CLAIMS
         ):
