@@ -67,6 +67,9 @@ def test_a_rewritten_build_file_is_replaced_whole_and_leaves_a_hard_linked_copy_
     assert path.read_text() == "new\n" and copy.read_text() == "old\n"
 
     with pytest.raises((OSError, TypeError)):
-        atomic.write_text(path, object())  # the write fails half-way
+        atomic.write_text(path, object())  # the write fails
+    assert path.read_text() == "new\n"
+    with pytest.raises((OSError, TypeError)):
+        atomic.write_bytes(path, object())  # the write fails half-way, its temp file open
     assert path.read_text() == "new\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.json", "report.json"]  # no temp file left

@@ -22,9 +22,7 @@ from .generator_stages import GeneratorContext, check_grounding_gates, scorer_de
 log = logging.getLogger(__name__)
 
 
-FREE_PROMPT_SEED_OFFSET = (
-    97  # held-out fills of the templates (the teacher text's: FREE_PROMPT_TEXT_SEED_OFFSET)
-)
+FREE_PROMPT_SEED_OFFSET = 97  # held-out template fills (the teacher text's: FREE_PROMPT_TEXT_SEED_OFFSET)
 FREE_PROMPT_FILLS = 8
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ... import atomic
 from ...errors import BuildError
 from .profiles import Profile, profile_input_problems, trtexec_shape_flags
 
@@ -79,9 +79,7 @@ def network_inputs(network) -> dict[str, int]:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic.write_bytes(path, data)
 
 
 def trtexec_script(

@@ -10,13 +10,13 @@ files; an all-zero mask would gather the hidden state at index -1).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
+from ... import atomic
 from ...bundle import TensorNames
 from ..triton_config import (
     DynamicBatchingSpec,
@@ -112,9 +112,7 @@ def write_warmup_files(model_dir: Path, profiles: Sequence[BucketProfile]) -> li
     written = []
     for profile in profiles:
         path = directory / warmup_mask_name(profile.bucket)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(np.ones(profile.bucket, dtype="<i8").tobytes())
-        os.replace(tmp, path)
+        atomic.write_bytes(path, np.ones(profile.bucket, dtype="<i8").tobytes())
         written.append(path)
     return written
 
