@@ -34,6 +34,7 @@ class GeneratorBundle:
     precision: str = "fp32"
     source_model: str = ""
     task: str = "generation"
+    copy_names: bool = False  # the model takes input copy_names (Explain sends the prompt's names)
     content_hash: str = ""
 
     def manifest(self) -> dict:

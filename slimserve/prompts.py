@@ -317,6 +317,19 @@ def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TE
     )
 
 
+def explain_names(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> tuple[str, ...]:
+    """The words of the names the explain request states, once each: the required skills, the item's title
+    and company, the cities, the industries, the recent activity's title and company. What the served
+    generator keeps whole when it copies them (``copy_names`` of the generator model)."""
+    f = pair_facts(member, item)
+    activity = (f.activity.item_title, f.activity.company) if f.activity else ()
+    names = (*f.shared_skills, *f.missing_skills, item.title, f.company, f.item_city, f.member_city)
+    names += (f.item_industry, *f.member_industries, *activity)
+    text = render_explain_request(member, item, version)
+    words = (word.strip("()[]{},.;:!?\"'") for name in names for word in name.split())
+    return tuple(dict.fromkeys(word for word in words if word and word in text))
+
+
 def render_chat_prompt(user_text: str) -> str:
     """A one-turn ChatML conversation ending with the assistant cue (SmolLM2-Instruct's chat format).
 

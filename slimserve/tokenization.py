@@ -32,6 +32,11 @@ def load_tokenizer(tokenizer_file: Path) -> Tokenizer:
     return tokenizer
 
 
+def word_token_ids(tokenizer: Tokenizer, words) -> list[list[int]]:
+    """Each word's token ids as running text spells it: after a space (the generator's ``copy_names``)."""
+    return [tokenizer.encode(" " + word, add_special_tokens=False).ids for word in words]
+
+
 class PromptTokenizer:
     """Encodes prompts to token ids within a maximum length (head + tail kept when too long)."""
 

@@ -268,11 +268,12 @@ def test_runner_reports_the_generator_and_publishes_it_after_the_scorer(built):
     row = json.loads((version / "export_report.json").read_text())["served_grounding"]
     assert row["grounding_pairs"] == len(ctx.grounding_examples()) and row["unseen_pairs"] == 2
     assert row["notes"]["repetition_penalty"] == explain_penalty() == 1.0
+    assert row["notes"]["copy_names"] is True  # with its prompt's names, as Explain sends them
     assert [e["key"] for e in row["notes"]["explanations"]] == [
         f"{e.member_id}/{e.item_id}" for e in ctx.grounding_examples()
     ]
     card = (version / "MODEL_CARD.md").read_text()
-    assert "grounding as served (greedy, repetition penalty 1)" in card
+    assert "grounding as served (greedy, repetition penalty 1, names copied whole)" in card
     # ... and the test split's full matches, a failure the random held-out pairs rarely hold
     full = ctx.full_match_examples()
     assert full and row["full_match_pairs"] == len(full) <= recipe.generator.evaluation.full_match_prompts
@@ -298,10 +299,17 @@ def _published_to(recipe, repository, **gates):
 
 def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_path):
     """The served row's texts are the serving engine's greedy decoding of the published graph, at the
-    Explain penalty, token for token."""
+    Explain penalty and with each prompt's names (Explain's defaults), token for token."""
     from slimserve.buildstage import generator_stages
     from slimserve.compression.generator_data import explain_prompts
-    from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder
+    from slimserve.prompts import explain_names
+    from slimserve.tokenization import word_token_ids
+    from slimserve.triton_models.generator import (
+        BatchEngine,
+        GenerationRequest,
+        OnnxDecoder,
+        word_continuations,
+    )
     from slimserve.triton_models.generator import generate as engine_generate
 
     recipe, ctx, _, _ = built
@@ -313,9 +321,16 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     examples = ctx.grounding_examples()[:2]
     prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
     decoder = OnnxDecoder(version / "model.onnx", 1)
-    engine = BatchEngine(decoder, ctx.end_ids)
+    engine = BatchEngine(decoder, ctx.end_ids, word_continuations(ctx.tokenizer_file, decoder.vocab_size))
     limit = ctx.settings.evaluation.max_new_tokens
-    requests = [GenerationRequest(tuple(p), limit, repetition_penalty=1.0) for p in prompts]
+    names = [
+        tuple(map(tuple, word_token_ids(ctx.tokenizer, explain_names(e.member, e.item)))) for e in examples
+    ]
+    assert all(names)
+    requests = [
+        GenerationRequest(tuple(p), limit, repetition_penalty=1.0, copy_names=n)
+        for p, n in zip(prompts, names, strict=True)
+    ]
     expected = [ctx.tokenizer.decode(t, skip_special_tokens=True) for t in engine_generate(engine, requests)]
     assert served_explanations(ctx, decoder, examples, explain_penalty()) == expected
     # The served row also answers free Generate prompts: held-out template fills, then off-topic ones.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shutil
@@ -172,7 +173,7 @@ def test_published_repository_is_complete_and_consistent(published):
     config = parse_config_pbtxt((repository / "generator" / "config.pbtxt").read_text())
     assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
     optional = {t.name for t in config.input if t.optional}
-    assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty"}
+    assert optional == {"temperature", "top_p", "seed", "stop_token_ids", "repetition_penalty", "copy_names"}
     bundle = load_generator_bundle(version_dir / "bundle")
     assert bundle.prompt_template_version == EXPLAIN_TEMPLATE_VERSION and set(bundle.eos_token_ids) >= {0, 2}
     assert config.parameters[BUNDLE_HASH_PARAMETER].string_value == bundle.content_hash
@@ -182,15 +183,17 @@ def test_published_repository_is_complete_and_consistent(published):
 
 
 def test_a_bundle_published_under_the_old_field_name_still_loads(published, tmp_path):
-    """Bundles published before the rename name the template ``template_version``; they still load."""
+    """Bundles published before the rename name the template ``template_version``, and those from before
+    name copying have no ``copy_names`` (the service then sends no names); they still load."""
     _, version_dir = published
     bundle_dir = shutil.copytree(version_dir / "bundle", tmp_path / "bundle")
     manifest = json.loads((bundle_dir / "generation.json").read_text())
     manifest["template_version"] = manifest.pop("prompt_template_version")
+    del manifest["copy_names"]
     (bundle_dir / "generation.json").write_text(json.dumps(manifest))
     old = load_generator_bundle(bundle_dir)
-    assert old == load_generator_bundle(version_dir / "bundle")
-    assert old.prompt_template_version == EXPLAIN_TEMPLATE_VERSION
+    assert dataclasses.replace(old, copy_names=True) == load_generator_bundle(version_dir / "bundle")
+    assert old.prompt_template_version == EXPLAIN_TEMPLATE_VERSION and not old.copy_names
 
 
 def test_export_config_describes_every_field_and_holds_the_recipe_publish_section():

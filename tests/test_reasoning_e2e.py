@@ -27,12 +27,13 @@ from slimserve.bundle import TOKENIZER_FILE
 from slimserve.client_convert import item_to_proto, member_to_proto
 from slimserve.examples import EXAMPLE_MEMBER, example_candidates
 from slimserve.generator_bundle import generator_bundle_dir
-from slimserve.prompts import render_explain_request
+from slimserve.prompts import explain_names, render_explain_request
 from slimserve.reasoning_client import build_options, explain_request, generate_request
 from slimserve.serving.reasoning.config import ReasoningServiceConfig
 from slimserve.serving.reasoning.server import ReasoningServer
 from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
+from slimserve.tokenization import word_token_ids
 from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -138,18 +139,48 @@ async def test_explain_decodes_at_the_explain_penalty_by_default(generator_repos
     may repeat its facts' words), not at Generate's default 1.15: the text equals the model's own engine
     decoding at that penalty, token for token (the tiny random model writes the same at 1.15, so that
     the default resolves per RPC is checked in tests/test_reasoning_unit.py)."""
-    from slimserve.triton_models.generator import BatchEngine, GenerationRequest, OnnxDecoder, generate
+    from slimserve.triton_models.generator import (
+        BatchEngine,
+        GenerationRequest,
+        OnnxDecoder,
+        generate,
+        word_continuations,
+    )
 
     request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=40))
     _, text, meta = await collect(stub.Explain(request, timeout=30))
     prompt_ids = tuple(service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM)))
     bundle_dir = generator_bundle_dir(generator_repository)
-    engine = BatchEngine(OnnxDecoder(bundle_dir.parent / "model.onnx", 1), service.core.bundle.eos_token_ids)
+    decoder = OnnxDecoder(bundle_dir.parent / "model.onnx", 1)
+    continuations = word_continuations(bundle_dir / TOKENIZER_FILE, decoder.vocab_size)
+    engine = BatchEngine(decoder, service.core.bundle.eos_token_ids, continuations)
     config = service.core.config
     explain, generate_default = config.explain_repetition_penalty, config.default_repetition_penalty
-    (expected,) = generate(engine, [GenerationRequest(prompt_ids, 40, repetition_penalty=explain)])
+    _, names = service.core.explain_prompt(EXAMPLE_MEMBER, ITEM)
+    names = tuple(map(tuple, names))
+    (expected,) = generate(
+        engine, [GenerationRequest(prompt_ids, 40, repetition_penalty=explain, copy_names=names)]
+    )
     assert (explain, generate_default) == (1.0, 1.15) and meta.tokens_generated == len(expected)
     assert text == tokenizer_of(generator_repository).decode(expected, skip_special_tokens=True)
+
+
+async def test_explain_sends_the_names_its_prompt_states_unless_turned_off(generator_repository, service):
+    """The names go to the model as token ids (each a word after a space), while its bundle takes them and
+    ``explain_copy_names`` is on (the default)."""
+    text, names = service.core.explain_prompt(EXAMPLE_MEMBER, ITEM)
+    tokenizer = tokenizer_of(generator_repository)
+    assert text == render_explain_request(EXAMPLE_MEMBER, ITEM) and service.core.bundle.copy_names
+    assert names == word_token_ids(tokenizer, explain_names(EXAMPLE_MEMBER, ITEM)) and len(names) > 5
+    words = explain_names(EXAMPLE_MEMBER, ITEM)
+    assert [tokenizer.decode(n) for n in names] == [f" {w}" for w in words]
+    assert {"python", "machine", "learning", "pytorch", ITEM.company} <= set(words)
+    core = service.core
+    core.config = core.config.model_copy(update={"explain_copy_names": False})
+    try:
+        assert core.explain_prompt(EXAMPLE_MEMBER, ITEM) == (text, [])
+    finally:
+        core.config = core.config.model_copy(update={"explain_copy_names": True})
 
 
 async def test_sampled_chunks_concatenate_to_the_models_tokens_decoded_at_once(

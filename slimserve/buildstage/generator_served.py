@@ -28,13 +28,18 @@ FREE_PROMPT_FILLS = 8
 
 def explain_penalty() -> float:
     """The repetition penalty the ReasoningService gives an Explain request that sets none."""
-    return _service_default("explain_repetition_penalty")
+    return float(_service_default("explain_repetition_penalty"))
 
 
-def _service_default(field: str) -> float:
+def explain_copies_names() -> bool:
+    """Whether the ReasoningService sends an Explain request's names by default (``explain_copy_names``)."""
+    return bool(_service_default("explain_copy_names"))
+
+
+def _service_default(field: str):
     from ..serving.reasoning.config import ReasoningServiceConfig
 
-    return float(ReasoningServiceConfig.model_fields[field].default)
+    return ReasoningServiceConfig.model_fields[field].default
 
 
 def served_label(ctx: GeneratorContext) -> str:
@@ -43,22 +48,38 @@ def served_label(ctx: GeneratorContext) -> str:
     return f"generator (a)+(b), published {graph} graph{SERVED_SUFFIX}"
 
 
-def served_explanations(ctx: GeneratorContext, decoder, examples: list, penalty: float) -> list[str]:
+def served_explanations(
+    ctx: GeneratorContext, decoder, examples: list, penalty: float, copy_names: bool = True
+) -> list[str]:
     """``decoder`` (an ``OnnxDecoder``) explains ``examples`` through the serving engine, all admitted
-    at once, greedy at ``penalty``; the texts, special tokens dropped."""
+    at once, greedy at ``penalty``, each with its prompt's names as Explain sends them (``copy_names``:
+    ``ReasoningServiceConfig.explain_copy_names``); the texts, special tokens dropped."""
     from ..compression.generator_data import explain_prompts
+    from ..prompts import explain_names
+    from ..tokenization import word_token_ids
 
     prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
-    return _served_texts(ctx, decoder, prompts, penalty)
+    names = [
+        word_token_ids(ctx.tokenizer, explain_names(e.member, e.item)) if copy_names else [] for e in examples
+    ]
+    return _served_texts(ctx, decoder, prompts, penalty, names)
 
 
-def _served_texts(ctx: GeneratorContext, decoder, prompts: list[list[int]], penalty: float) -> list[str]:
-    """``prompts`` decoded through the serving engine, all admitted at once, greedy at ``penalty``."""
-    from ..triton_models.generator import BatchEngine, GenerationRequest, generate
+def _served_texts(
+    ctx: GeneratorContext, decoder, prompts: list[list[int]], penalty: float, names: list | None = None
+) -> list[str]:
+    """``prompts`` decoded through the serving engine, all admitted at once, greedy at ``penalty``;
+    ``names``: each prompt's ``copy_names`` (None: none)."""
+    from ..triton_models.generator import BatchEngine, GenerationRequest, generate, word_continuations
 
     limit = ctx.settings.evaluation.max_new_tokens
-    requests = [GenerationRequest(tuple(p), limit, repetition_penalty=penalty) for p in prompts]
-    outputs = generate(BatchEngine(decoder, ctx.end_ids), requests)
+    names = names or [[] for _ in prompts]
+    requests = [
+        GenerationRequest(tuple(p), limit, repetition_penalty=penalty, copy_names=tuple(map(tuple, n)))
+        for p, n in zip(prompts, names, strict=True)
+    ]
+    continuations = word_continuations(ctx.tokenizer_file, decoder.vocab_size)
+    outputs = generate(BatchEngine(decoder, ctx.end_ids, continuations), requests)
     return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
 
 
@@ -73,7 +94,7 @@ def free_prompt_answers(ctx: GeneratorContext, decoder) -> dict:
     seed = ctx.settings.teacher_text.seed + FREE_PROMPT_SEED_OFFSET
     instructions = [*general_instructions(FREE_PROMPT_FILLS, seed), *OFF_TOPIC_INSTRUCTIONS]
     prompts = chat_prompts(instructions, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
-    texts = _served_texts(ctx, decoder, prompts, _service_default("default_repetition_penalty"))
+    texts = _served_texts(ctx, decoder, prompts, float(_service_default("default_repetition_penalty")))
     verdicts = [parse_verdict(t) is not None for t in texts]
     return {
         "as_explanations": sum(verdicts) / len(verdicts),
@@ -92,12 +113,13 @@ def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> Gene
     from ..triton_models.generator import OnnxDecoder
 
     started = time.perf_counter()
-    decoder, penalty = OnnxDecoder(onnx_path, threads), explain_penalty()
+    decoder, penalty, names = OnnxDecoder(onnx_path, threads), explain_penalty(), explain_copies_names()
     nan = float("nan")
-    row = GeneratorRow(served_label(ctx), nan, nan, nan, notes={"repetition_penalty": penalty})
+    notes = {"repetition_penalty": penalty, "copy_names": names}
+    row = GeneratorRow(served_label(ctx), nan, nan, nan, notes=notes)
     examples = ctx.grounding_examples()
     decisions, source = scorer_decisions(ctx, examples)
-    texts = served_explanations(ctx, decoder, examples, penalty)
+    texts = served_explanations(ctx, decoder, examples, penalty, names)
     summary, _ = evaluate_grounding([(e.member, e.item) for e in examples], texts, decisions)
     row.set_grounding(summary, source if decisions is not None else None)
     row.notes["explanations"] = _keyed(examples, texts)
@@ -107,7 +129,7 @@ def served_row(ctx: GeneratorContext, onnx_path: Path, threads: int = 0) -> Gene
     ):
         more = examples_of()
         if more:
-            more_texts = served_explanations(ctx, decoder, more, penalty)
+            more_texts = served_explanations(ctx, decoder, more, penalty, names)
             take(evaluate_grounding([(e.member, e.item) for e in more], more_texts)[0])
             row.notes[note] = _keyed(more, more_texts)
     free = row.notes["free_prompts"] = free_prompt_answers(ctx, decoder)

@@ -20,7 +20,7 @@ from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
 from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
-from .generator_served import explain_penalty, served_check, served_rows
+from .generator_served import explain_copies_names, explain_penalty, served_check, served_rows
 from .recipe import Recipe
 from .resumable import StageRunner
 
@@ -291,7 +291,10 @@ def _publish_config(recipe: Recipe, kind: str) -> dict:
         "recipe": recipe.model_dump(mode="json", exclude={"work_dir"}),
         "prompt_template": SCORING_TEMPLATE_VERSION,
         "explain_template": EXPLAIN_TEMPLATE_VERSION,
-        "served_gate": {"explain_repetition_penalty": explain_penalty()},  # what the graph was gated at
+        "served_gate": {  # how Explain decodes, so how the graph was gated
+            "explain_repetition_penalty": explain_penalty(),
+            "explain_copy_names": explain_copies_names(),
+        },
     }
 
 

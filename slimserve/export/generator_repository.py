@@ -102,6 +102,7 @@ def generator_triton_spec(
             TensorSpec("seed", "TYPE_UINT64", (1,), optional=True),
             TensorSpec("stop_token_ids", "TYPE_INT64", (-1,), optional=True),
             TensorSpec("repetition_penalty", "TYPE_FP32", (1,), optional=True),
+            TensorSpec("copy_names", "TYPE_INT64", (-1,), optional=True),
         ),
         outputs=(
             TensorSpec("token_ids", "TYPE_INT64", (-1,)),
@@ -162,7 +163,8 @@ def _model_card(bundle: GeneratorBundle, report: dict) -> str:
     served = report.get(SERVED_GROUNDING_KEY)
     if served:
         lines.append(
-            f"- grounding as served (greedy, repetition penalty {served['notes']['repetition_penalty']:g}) on "
+            f"- grounding as served (greedy, repetition penalty {served['notes']['repetition_penalty']:g}"
+            f"{', names copied whole' if served['notes'].get('copy_names') else ''}) on "
             f"{served['grounding_pairs']} held-out pairs: hallucination {_rate(served['hallucination_rate'])}, "
             f"coverage {_rate(served['coverage'])}, verdict agreement {_rate(served['verdict_agreement'])}"
         )
@@ -324,6 +326,7 @@ def publish_generator(
             tokenizer_sha256=sha256_file(tokenizer_file),
             precision=graph.precision,
             source_model=source_model,
+            copy_names=True,
         )
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         spec = generator_triton_spec(

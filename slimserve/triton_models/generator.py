@@ -41,6 +41,11 @@ GENAI_CONFIG_FILE = "genai_config.json"
 # {"vocab_size": V, "token_ids": [...]}; such a graph also takes the ids of ``EXTRA_TOKENS_INPUT``.
 OUTPUT_VOCAB_FILE = "output_vocab.json"
 EXTRA_TOKENS_INPUT = "extra_token_ids"
+# Optional request input: token ids of the prompt's names, each ended by NAME_END (``NameCopier``).
+COPY_NAMES_INPUT = "copy_names"
+NAME_END = -1
+MAX_COPY_NAME_IDS = 2048
+TOKENIZER_FILE = os.path.join("bundle", "tokenizer.json")
 GENERATION_FILE = os.path.join("bundle", "generation.json")
 MAX_TEMPERATURE = 5.0
 MAX_REPETITION_PENALTY = 10.0
@@ -312,6 +317,7 @@ class GenerationRequest:
     seed: int | None = None
     stop_token_ids: frozenset = frozenset()
     repetition_penalty: float = 1.0
+    copy_names: tuple = ()  # token-id tuples of the prompt's names (``NameCopier``)
 
 
 @dataclass(frozen=True)
@@ -342,6 +348,23 @@ def _token_ids(array, name, vocab_size):
             f"input {name!r}: token id {int(bad[0])} is outside the vocabulary [0, {vocab_size})"
         )
     return tuple(int(v) for v in values)
+
+
+def _copy_names(array, vocab_size):
+    """The names of input ``copy_names``: token ids, each name ended by ``NAME_END``."""
+    values = np.asarray(array).reshape(-1)
+    field = COPY_NAMES_INPUT
+    if values.size > MAX_COPY_NAME_IDS:
+        raise RequestError(f"input {field!r} holds {values.size} values, at most {MAX_COPY_NAME_IDS}")
+    if values.size and values[-1] != NAME_END:
+        raise RequestError(f"input {field!r} must end each name with {NAME_END}")
+    ids = _token_ids(values[values != NAME_END], field, vocab_size)
+    separators = np.flatnonzero(values == NAME_END)
+    ends = separators - np.arange(separators.size)  # each name's end in ``ids``
+    names = [ids[start:end] for start, end in zip(np.r_[0, ends][:-1], ends, strict=True)]
+    if not all(names):
+        raise RequestError(f"input {field!r} holds an empty name ({NAME_END} twice in a row)")
+    return tuple(names)
 
 
 def parse_request(tensors, limits):
@@ -384,7 +407,9 @@ def parse_request(tensors, limits):
         if stops is not None
         else frozenset()
     )
-    return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids, penalty)
+    names = tensors.get(COPY_NAMES_INPUT)
+    names = _copy_names(names, limits.vocab_size) if names is not None else ()
+    return GenerationRequest(prompt, max_tokens, temperature, top_p, seed, stop_ids, penalty, names)
 
 
 def penalize_repeats(logits, seen, penalty, columns=None):
@@ -401,22 +426,86 @@ def penalize_repeats(logits, seen, penalty, columns=None):
     return out
 
 
+def word_continuations(tokenizer_path, vocab_size):
+    """Which token ids continue the word before them: those whose text starts with a letter or digit
+    (bool [vocab_size]). Read from the vocabulary of a ``tokenizer.json``: a byte-level BPE token that
+    starts a word starts with its space marker (``Ġ``, above U+00FF), a SentencePiece one with ``▁``."""
+    with open(tokenizer_path, encoding="utf-8") as handle:
+        vocab = json.load(handle)["model"]["vocab"]
+    # BPE and WordPiece: {text: id}; Unigram: [[text, score], ...] in id order.
+    pairs = vocab.items() if isinstance(vocab, dict) else ((entry[0], i) for i, entry in enumerate(vocab))
+    continues = np.zeros(vocab_size, dtype=bool)
+    for text, token in pairs:
+        if 0 <= token < vocab_size and text and ord(text[0]) < 0x100 and text[0].isalnum():
+            continues[token] = True
+    return continues
+
+
+class NameCopier:
+    """Keeps one sequence's copies of its prompt's names whole.
+
+    ``names`` are token-id tuples, each a word as the prompt spells it (the space before it included), for
+    example the ids of " postgresql". Once the sequence has written a name's first tokens, a token that
+    continues that word (``continues``: ``word_continuations``) must be the next token of a name begun, so
+    a copy cannot drift into "postresql". A token that ends the word (a space, punctuation) is left alone,
+    and so is every token after a whole name ("java" may stay "java" though "javascript" begins alike).
+    """
+
+    def __init__(self, names, continues):
+        self.names = tuple(tuple(n) for n in names if n)
+        self.continues = continues
+        self.written = collections.deque(maxlen=max(map(len, self.names), default=1))
+
+    def _next_tokens(self):
+        """The next token of every name whose first tokens end what was written (empty after a whole name)."""
+        written = tuple(self.written)
+        following = set()
+        for name in self.names:
+            if written[-len(name) :] == name:
+                return frozenset()
+            following.update(name[j] for j in range(1, len(name)) if written[-j:] == name[:j])
+        return frozenset(following)
+
+    def allowed_instead(self, token):
+        """The tokens allowed in place of ``token`` when it would miscopy a name begun; empty when it may stay."""
+        if not self.continues[token]:
+            return frozenset()
+        following = self._next_tokens()
+        return following if token not in following else frozenset()
+
+    def wrote(self, token):
+        self.written.append(token)
+
+
+def _column_token(column, columns):
+    """The token id of a logit column (``columns``: ``OutputColumns``, None when the column is the id)."""
+    return column if columns is None else columns.token(column)
+
+
 class Sampler:
     """Chooses next tokens for one request: argmax at temperature 0, else temperature + top-p sampling;
-    tokens it chose before are penalized by ``repetition_penalty`` (1: off)."""
+    tokens it chose before are penalized by ``repetition_penalty`` (1: off); a ``copier`` (``NameCopier``)
+    keeps the prompt's names whole by choosing among a name's next tokens instead."""
 
-    def __init__(self, temperature=0.0, top_p=1.0, seed=None, repetition_penalty=1.0):
+    def __init__(self, temperature=0.0, top_p=1.0, seed=None, repetition_penalty=1.0, copier=None):
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.rng = np.random.default_rng(seed)
         self.repetition_penalty = float(repetition_penalty)
         self.seen = set()
+        self.copier = copier
 
     def __call__(self, logits, columns=None):
         """The next token id; ``columns`` (``OutputColumns``) maps logit columns to ids (None: the
         column is the id)."""
-        column = self._choose(penalize_repeats(logits, self.seen, self.repetition_penalty, columns))
-        token = column if columns is None else columns.token(column)
+        logits = penalize_repeats(logits, self.seen, self.repetition_penalty, columns)
+        token = _column_token(self._choose(logits), columns)
+        if self.copier is not None:
+            allowed = np.array(sorted(self.copier.allowed_instead(token)), dtype=np.int64)
+            among = allowed if columns is None else columns.of(allowed)
+            if among.size:
+                token = _column_token(int(among[self._choose(logits[among])]), columns)
+            self.copier.wrote(token)
         if self.repetition_penalty != 1.0:
             self.seen.add(token)
         return token
@@ -472,9 +561,10 @@ class EngineStats:
 class BatchEngine:
     """Iteration-level batching over an ``OnnxDecoder``: ``start`` adds a sequence, ``step`` decodes all."""
 
-    def __init__(self, decoder, eos_token_ids=()):
+    def __init__(self, decoder, eos_token_ids=(), word_continuations=None):
         self.decoder = decoder
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.word_continuations = word_continuations  # ``word_continuations``; None: names are not copied
         self.batch = KVBatch(decoder.past_names, decoder.kv_headroom)
         self.sequences = []  # row order of self.batch
         self.stats = EngineStats()
@@ -496,12 +586,15 @@ class BatchEngine:
 
     def start(self, key, request):
         """Prefill ``request`` and choose its first token; the sequence joins the batch unless it ended."""
+        copier = None
+        if request.copy_names and self.word_continuations is not None:
+            copier = NameCopier(request.copy_names, self.word_continuations)
         sequence = Sequence(
             key,
             request,
-            Sampler(request.temperature, request.top_p, request.seed, request.repetition_penalty),
+            Sampler(request.temperature, request.top_p, request.seed, request.repetition_penalty, copier),
             self.eos_token_ids | request.stop_token_ids,
-            self.decoder.extra_tokens(request.input_ids),
+            self.decoder.extra_tokens([*request.input_ids, *(t for n in request.copy_names for t in n)]),
         )
         logits, cache = self.decoder.prefill(request.input_ids, sequence.extra)
         self.stats.steps += 1
@@ -667,6 +760,7 @@ def _read_tensors(request):
         "seed",
         "stop_token_ids",
         "repetition_penalty",
+        COPY_NAMES_INPUT,
     )
     tensors = {}
     for name in names:
@@ -715,7 +809,13 @@ class TritonPythonModel:
             param("execution_provider", "cpu"), args.get("model_instance_device_id", "0") or 0
         )
         self.decoder = OnnxDecoder(path, threads, param("allow_spinning", "0") == "1", providers)
-        self.engine = BatchEngine(self.decoder, generation["eos_token_ids"])
+        tokenizer_path = os.path.join(version_dir, TOKENIZER_FILE)
+        continuations = (
+            word_continuations(tokenizer_path, self.decoder.vocab_size)
+            if os.path.isfile(tokenizer_path)
+            else None  # no names copied (input copy_names is then ignored)
+        )
+        self.engine = BatchEngine(self.decoder, generation["eos_token_ids"], continuations)
         self.limits = Limits(
             vocab_size=self.decoder.vocab_size,
             # The bundle's max_context fits the model's positions: a config value may only lower it.

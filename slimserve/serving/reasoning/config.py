@@ -57,6 +57,13 @@ class ReasoningServiceConfig(RecordLimitsConfig):
         "repeats its facts' words ('you', 'It is', skill names), which a penalty pushes the student off: the "
         "build gates the published graph's explanations at this value (docs/reasoning.md).",
     )
+    explain_copy_names: bool = Field(
+        True,
+        description="Explain sends the names its prompt states (skills, title, company, cities, industries) "
+        "to a generator that takes them: once the model starts copying one, it finishes it as the prompt "
+        "spells it ('postgresql', not 'postresql'). The build gates the published graph decoding this way "
+        "(docs/reasoning.md).",
+    )
     max_repetition_penalty: float = Field(
         2.0, ge=1.0, le=10.0, description="Highest repetition_penalty a request may set."
     )

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE
 from slimserve.generator_bundle import GeneratorBundle, load_generator_bundle
-from slimserve.tokenization import load_tokenizer
+from slimserve.tokenization import load_tokenizer, word_token_ids
 
 from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, InvalidArgument
@@ -154,8 +154,17 @@ class ReasoningCore(ServiceCore):
             self.bundle.max_new_tokens_limit,
             default_penalty=self.config.explain_repetition_penalty,
         )
-        text = prompts.render_explain_request(member, item, self.bundle.prompt_template_version)
-        return self._stream(clock, text, resolved, "member and item", timeout_s, request_id)
+        text, names = self.explain_prompt(member, item)
+        return self._stream(clock, text, resolved, "member and item", timeout_s, request_id, names)
+
+    def explain_prompt(self, member: schema.Member, item: schema.Item) -> tuple[str, list[list[int]]]:
+        """The Explain request's user text, and the names it states as token ids (the model's
+        ``copy_names``; none when the model takes none or ``explain_copy_names`` is off)."""
+        version = self.bundle.prompt_template_version
+        text = prompts.render_explain_request(member, item, version)
+        if not (self.bundle.copy_names and self.config.explain_copy_names):
+            return text, []
+        return text, word_token_ids(self.tokenizer, prompts.explain_names(member, item, version))
 
     def generate(
         self,
@@ -195,8 +204,11 @@ class ReasoningCore(ServiceCore):
             )
         return room
 
-    def _request(self, user_text: str, options: ResolvedOptions, field: str) -> GenerationRequest:
-        """The model's request: chat prompt token ids, max_tokens fitted to the context, sampling."""
+    def _request(
+        self, user_text: str, options: ResolvedOptions, field: str, copy_names=()
+    ) -> GenerationRequest:
+        """The model's request: chat prompt token ids, max_tokens fitted to the context, sampling, and the
+        prompt's names as token ids (``copy_names``)."""
         ids = self.encode(user_text)
         return GenerationRequest(
             input_ids=ids,
@@ -205,6 +217,7 @@ class ReasoningCore(ServiceCore):
             top_p=options.top_p,
             repetition_penalty=options.repetition_penalty,
             seed=options.seed,
+            copy_names=copy_names,
         )
 
     async def _stream(
@@ -215,9 +228,10 @@ class ReasoningCore(ServiceCore):
         field: str,
         timeout_s: float | None,
         request_id: str,
+        copy_names=(),
     ) -> AsyncIterator[str | GenerationSummary]:
         self.check_serving()
-        request = self._request(user_text, options, field)
+        request = self._request(user_text, options, field, copy_names)
         budget = self.config.default_timeout_s if timeout_s is None else timeout_s
         remaining = budget - (time.perf_counter() - clock.start)
         if remaining <= 0:

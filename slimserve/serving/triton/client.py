@@ -375,6 +375,7 @@ class GenerationRequest:
     seed: int | None = None
     stop_token_ids: Sequence[int] = ()
     repetition_penalty: float = 1.0
+    copy_names: Sequence[Sequence[int]] = ()  # the prompt's names as token ids, kept whole when copied
 
 
 @dataclass(frozen=True)
@@ -418,6 +419,9 @@ def generation_inputs(request: GenerationRequest) -> list[InferInput]:
         inputs.append(_tensor("stop_token_ids", request.stop_token_ids, "INT64", np.int64))
     if request.repetition_penalty != 1.0:  # models published before this input existed still serve
         inputs.append(_tensor("repetition_penalty", [request.repetition_penalty], "FP32", np.float32))
+    if request.copy_names:  # each name's ids, then -1 (models whose bundle sets copy_names)
+        ids = [token for name in request.copy_names for token in (*name, -1)]
+        inputs.append(_tensor("copy_names", ids, "INT64", np.int64))
     return inputs
 
 
