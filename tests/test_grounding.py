@@ -531,3 +531,39 @@ def test_words_near_a_skill_that_are_not_copies_raise_no_alarm(pairs):
         for seed in range(3):
             text = write_explanation(member, job, explanation_rng(seed, member, job))
             assert not check_explanation(member, job, text).garbled_names, text
+
+
+@pytest.mark.parametrize(
+    ("skills", "text", "unknown"),
+    [
+        # a garble that lost the invented name's first letters, as in a student's demo text
+        (
+            ("python", "vorblenix", "crm"),
+            "Weak fit. You have python, but none of blenix and crm.",
+            ["blenix"],
+        ),
+        (("python", "sql"), "Strong fit. You have sql, ython and nothing else.", ["ython"]),
+    ],
+)
+def test_an_unknown_word_listed_beside_a_skill_is_caught(skills, text, unknown):
+    member = Member(**{**MEMBER.__dict__, "skills": ("python", "sql")})
+    check = check_explanation(member, item(required_skills=skills), text)
+    assert check.hallucinated and check.unknown_list_items == unknown
+    assert f"lists {unknown[0]!r} among the skills" in " ".join(check.problems())
+
+
+def test_list_neighbours_that_are_the_pairs_or_the_writers_raise_no_alarm(pairs):
+    member = Member(**{**MEMBER.__dict__, "skills": ("python", "sql")})
+    job = item(required_skills=("python", "sql", "postgresql"))
+    for text in (
+        "Partial fit. You have python and sql, but you would need postgresql.",
+        "Partial fit. Python, sql and other skills match, so you would need postgresql only.",
+    ):
+        assert not check_explanation(member, job, text).unknown_list_items, text
+    # a garbled copy is reported once, as a garble
+    check = check_explanation(member, job, "Strong fit. You have python, sql and postgrsql.")
+    assert check.garbled_names == ["postgrsql~postgresql"] and not check.unknown_list_items
+    for member, job in pairs:  # the writer's texts, on pairs the writer's vocabulary was not taken from
+        for seed in range(3):
+            text = write_explanation(member, job, explanation_rng(seed, member, job))
+            assert not check_explanation(member, job, text).unknown_list_items, text

@@ -18,6 +18,9 @@ Per explanation (``check_explanation``):
   Developer", and a teacher wrote "you passed on Accountant (internet)" for a finance role; or it writes
   a garbled copy of one of the pair's skills: a word in no field of the pair that starts with the same 4
   letters as a skill word and mostly matches it ("postgru" for postgresql, in a student's demo text);
+  or it lists, beside one of the pair's skills (joined by a comma or "and"), a word that is in no field
+  of the pair and that the explanation writer never uses ("none of bleiation and crm": a garble that
+  lost the name's first letters);
 - **coverage** (only when the pair shares a skill): the text names at least one truly shared skill,
   outside a clause that denies it;
 - **verdict**: the first ``Strong fit`` / ``Partial fit`` / ``Weak fit`` of the first sentence, compared
@@ -50,7 +53,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..data import vocab
 from ..data.renaming import HELD_OUT_SKILLS, RENAMING_SKILLS
@@ -130,6 +133,9 @@ _WORD = re.compile(r"[a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*")
 # A garbled copy keeps the name's start: "postgru" for postgresql (4 letters, then most of the rest), or
 # its first 3 letters and nearly all the rest: "typcript" for typescript. (prefix length, least ratio):
 _NEAR_COPY_RULES = ((4, 0.6), (3, 0.8))
+# The word after / before a list separator (", " or " and ") next to a skill.
+_LIST_AFTER = re.compile(r"(?:,\s*|\s+and\s+)([a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*)")
+_LIST_BEFORE = re.compile(r"([a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*)(?:,\s*|\s+and\s+)$")
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -143,6 +149,12 @@ class _Vocabulary:
     cities: frozenset[str]
     industries: frozenset[str]
     pattern: re.Pattern
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Every word of every term."""
+        terms = self.skills | self.companies | self.cities | self.industries
+        return frozenset(w for term in terms for w in _WORD.findall(term))
 
     def kinds(self, term: str) -> list[str]:
         return [
@@ -246,6 +258,7 @@ class GroundingCheck:
     false_location_claims: list[str] = field(default_factory=list)  # clauses stating a location fit it lacks
     false_activity_claims: list[str] = field(default_factory=list)  # activities not in the member's history
     garbled_names: list[str] = field(default_factory=list)  # garbled skill copies ("word~skill")
+    unknown_list_items: list[str] = field(default_factory=list)  # unknown words listed beside a skill
 
     @property
     def hallucinated(self) -> bool:
@@ -257,6 +270,7 @@ class GroundingCheck:
             or self.false_location_claims
             or self.false_activity_claims
             or self.garbled_names
+            or self.unknown_list_items
         )
 
     @property
@@ -287,6 +301,9 @@ class GroundingCheck:
         found += [f"states {claim!r}" for claim in self.false_gap_claims + self.false_level_claims]
         found += [f"states {claim!r}" for claim in self.false_location_claims + self.false_activity_claims]
         found += [f"writes {pair.split('~')[0]!r} for {pair.split('~')[1]!r}" for pair in self.garbled_names]
+        found += [
+            f"lists {word!r} among the skills, a name of neither side" for word in self.unknown_list_items
+        ]
         if not self.verdict_agrees:
             found.append(f"verdict {self.verdict or 'missing'}, the facts say {self.expected_verdict}")
         return found
@@ -300,6 +317,7 @@ class GroundingCheck:
             "false_location_claims": self.false_location_claims,
             "false_activity_claims": self.false_activity_claims,
             "garbled_names": self.garbled_names,
+            "unknown_list_items": self.unknown_list_items,
             "named_shared_skills": self.named_shared_skills,
             "verdict": self.verdict,
             "expected_verdict": self.expected_verdict,
@@ -330,6 +348,8 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
     false_claims = sorted(claimed - owned - industries - PLAIN_WORDS)
     shared = [s.lower() for s in facts.shared_skills]
     verdict = parse_verdict(text)
+    garbled = garbled_names(text, member, item, pair_text)
+    miscopied = {pair.split("~")[0] for pair in garbled}
     return GroundingCheck(
         foreign_terms=foreign,
         false_skill_claims=false_claims,
@@ -344,7 +364,10 @@ def check_explanation(member: Member, item: Item, text: str, decision: bool | No
         false_level_claims=false_level_claims(masked, facts.level_gap),
         false_location_claims=false_location_claims(masked, facts.location_fit),
         false_activity_claims=false_activity_claims(text, member),
-        garbled_names=garbled_names(text, member, item, pair_text),
+        garbled_names=garbled,
+        unknown_list_items=[
+            w for w in unknown_list_items(text, member, item, pair_text) if w not in miscopied
+        ],
     )
 
 
@@ -446,6 +469,56 @@ def garbled_names(text: str, member: Member, item: Item, pair_text: str | None =
                 garbled.append(f"{word}~{skill}")
                 break
     return garbled
+
+
+@lru_cache(maxsize=1)
+def writer_words() -> frozenset[str]:
+    """Every word the explanation writer (``data.explanations``) uses over a small synthetic dataset's
+    pairs, names included: the words a list beside a skill may hold besides the pair's own."""
+    from ..data.explanations import explanation_rng, write_explanation
+    from ..data.synth import SynthConfig, synthesize
+
+    dataset, _ = synthesize(SynthConfig(members=60, items=60, seed=0))
+    words: set[str] = set()
+    for seed in range(4):
+        for row in dataset.interactions:
+            member, item = dataset.members[row.member_id], dataset.items[row.item_id]
+            words.update(
+                _WORD.findall(write_explanation(member, item, explanation_rng(seed, member, item)).lower())
+            )
+    return frozenset(words)
+
+
+@lru_cache(maxsize=1)
+def lexicon() -> frozenset[str]:
+    """Plain words: those the packaged SmolLM2 tokenizer spells as one token after a space (" other",
+    " while"). A garbled or invented name is rarely one ("bleiation" is several)."""
+    import json
+
+    from ..models.teacher import default_tokenizer_file
+
+    vocab = json.loads(default_tokenizer_file().read_text(encoding="utf-8"))["model"]["vocab"]
+    return frozenset(token[1:].lower() for token in vocab if token[:1] == "\u0120" and token[1:].isalpha())
+
+
+def unknown_list_items(text: str, member: Member, item: Item, pair_text: str | None = None) -> list[str]:
+    """Words of ``text`` listed beside one of the pair's skills ("A, B", "A and B") that are in no field
+    of the pair, that the writer never uses (``writer_words``), that are no plain word (``lexicon``) and
+    no name of the dataset (those are ``foreign_terms``): "bleiation" in "none of bleiation and crm"."""
+    lower = text.lower()
+    known = set(_WORD.findall((pair_text or _pair_text(member, item)).lower())) | writer_words()
+    known |= vocabulary().words | lexicon()
+    skills = sorted({s.lower() for s in (*member.skills, *item.required_skills) if s}, key=len, reverse=True)
+    unknown: list[str] = []
+    for skill in skills:
+        for found in re.finditer(rf"(?<![\w-]){re.escape(skill)}(?![\w-])", lower):
+            after = _LIST_AFTER.match(lower, found.end())
+            before = _LIST_BEFORE.search(lower[: found.start()])
+            for neighbour in (after, before):
+                word = neighbour.group(1) if neighbour else None
+                if word and word not in known and word not in unknown:
+                    unknown.append(word)
+    return unknown
 
 
 def _false_gaps(text: str) -> list[str]:
