@@ -308,7 +308,7 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
         BatchEngine,
         GenerationRequest,
         OnnxDecoder,
-        word_continuations,
+        TokenTexts,
     )
     from slimserve.triton_models.generator import generate as engine_generate
 
@@ -321,7 +321,9 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     examples = ctx.grounding_examples()[:2]
     prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
     decoder = OnnxDecoder(version / "model.onnx", 1)
-    engine = BatchEngine(decoder, ctx.end_ids, word_continuations(ctx.tokenizer_file, decoder.vocab_size))
+    engine = BatchEngine(
+        decoder, ctx.end_ids, TokenTexts.of_tokenizer(ctx.tokenizer_file, decoder.vocab_size)
+    )
     limit = ctx.settings.evaluation.max_new_tokens
     names = [
         tuple(map(tuple, word_token_ids(ctx.tokenizer, explain_names(e.member, e.item)))) for e in examples

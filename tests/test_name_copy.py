@@ -25,14 +25,12 @@ from slimserve.triton_models.generator import (
     OutputColumns,
     RequestError,
     Sampler,
+    TokenTexts,
     generate,
     parse_request,
-    word_continuations,
 )
 
 LIMITS = Limits(vocab_size=100, max_context=64, max_new_tokens_limit=32)
-# Tokens 11..13 and 15 continue a word, 10, 14 and 20 start one: the name (10, 11, 12) is one word.
-CONTINUES = np.isin(np.arange(30), [11, 12, 13, 15])
 
 
 def _request(names) -> dict:
@@ -65,54 +63,80 @@ def test_bad_copy_names_are_refused_naming_the_input(names, problem):
         parse_request(_request(names), LIMITS)
 
 
-def _greedy_with(names, steps):
-    """A greedy sampler over ``CONTINUES`` that is fed ``steps``: each the token the model prefers."""
-    sampler = Sampler(copier=NameCopier(names, CONTINUES))
+# A byte-level BPE vocabulary in small: "Ġ" is the space before a word.
+VOCAB = {"Ġpost": 10, "gres": 11, "ql": 12, "res": 13, "Ġand": 14, "g": 15, "Ġaudit": 16, "Ġaud": 17}
+VOCAB |= {
+    "t": 18,
+    "it": 19,
+    "i": 20,
+    ",": 21,
+    "Ġjava": 22,
+    "script": 23,
+    "Ġgr": 24,
+    "pc": 25,
+    "Ġ": 26,
+    "2": 27,
+}
+TEXTS = TokenTexts(VOCAB, 30)
+POSTGRESQL, AUDIT, JAVA, GRPC = (10, 11, 12), (16,), (22,), (24, 25)
+
+
+def _greedy_with(names, preferred, liked=()):
+    """A greedy sampler fed one step per ``preferred`` token (the model's first choice); ``liked``: tokens
+    a little likelier than the rest, in rising order."""
+    sampler = Sampler(copier=NameCopier(names, TEXTS))
     chosen = []
-    for preferred in steps:
+    for token in preferred:
         logits = np.zeros(30, np.float32)
-        logits[preferred] = 5.0
-        logits[[11, 12, 13]] += [1.0, 2.0, 0.5]  # names' tokens: second choices, in this order
+        logits[list(liked)] = np.arange(1, len(liked) + 1)
+        logits[token] = 10.0
         chosen.append(sampler(logits))
     return chosen
 
 
 def test_a_name_begun_is_finished_as_the_prompt_spells_it():
-    # 10 starts the name; the model's 13 would continue the word otherwise ("postresql"): 11, then 12.
-    assert _greedy_with([(10, 11, 12)], [10, 13, 13, 13]) == [10, 11, 12, 13]
+    # " post" begins postgresql; the model's "res" would write "postresql": the likelier of the pieces
+    # that go on with it ("g" or "gres") comes instead, then "ql".
+    assert _greedy_with([POSTGRESQL], [10, 13, 13], liked=(15, 11, 12)) == [10, 11, 12]
+    # a name of one token, begun by a shorter one: " aud" + "t" would be "audt"; "it" (or "i") goes on
+    assert _greedy_with([AUDIT], [17, 18], liked=(20, 19)) == [17, 19]
 
 
-def test_a_token_that_ends_the_word_is_left_alone():
-    # After 10 the model starts a new word (20): the copy ends there, as the model chose.
-    assert _greedy_with([(10, 11, 12)], [10, 20, 13]) == [10, 20, 13]
+def test_a_token_that_ends_the_word_or_stays_on_the_name_is_left_alone():
+    assert _greedy_with([POSTGRESQL], [10, 14, 13]) == [10, 14, 13]  # " post and res": the copy ended
+    assert _greedy_with([POSTGRESQL], [10, 21]) == [10, 21]  # " post,": punctuation ends it too
+    assert _greedy_with([POSTGRESQL], [10, 15, 13]) == [10, 15, 13]  # " post" "g" "res": still postgres-
 
 
 def test_the_best_of_several_names_begun_wins_and_a_whole_name_frees_the_word():
-    # Both (10, 11) and (10, 12) begin with 10: the model's 13 becomes the likelier of 11 and 12 (12).
-    assert _greedy_with([(10, 11), (10, 12)], [10, 13]) == [10, 12]
-    # (10,) is a whole name ("java" beside "javascript"): the word may go on as the model likes.
-    assert _greedy_with([(10,), (10, 11, 12)], [10, 13]) == [10, 13]
-    # Without a name begun, nothing changes.
-    assert _greedy_with([(10, 11, 12)], [14, 13, 13]) == [14, 13, 13]
+    # " gr" begins grpc, " post" postgresql: after " gr" the model's "t" becomes "pc"
+    assert _greedy_with([POSTGRESQL, GRPC], [24, 18], liked=(11, 25)) == [24, 25]
+    # " java" is a whole name: the word may go on as the model likes ("javascript" is no name here)
+    assert _greedy_with([JAVA, POSTGRESQL], [22, 23]) == [22, 23]
+    # without a name begun, nothing changes; a space alone begins none ("Ġ" then "2": " 2")
+    assert _greedy_with([POSTGRESQL], [14, 13, 13]) == [14, 13, 13]
+    assert _greedy_with([POSTGRESQL], [26, 27], liked=(11,)) == [26, 27]
 
 
-def test_sampling_and_a_shortlisted_head_choose_among_the_names_tokens():
+def test_sampling_and_a_shortlisted_head_choose_among_the_pieces_that_go_on():
     columns = OutputColumns(np.array([10, 13, 14]), np.array([11, 12]))  # logit columns: 10 13 14 11 12
-    logits = np.array([9.0, 0.0, 0.0, 0.0, 0.0], np.float32)
-    sampler = Sampler(temperature=1.0, seed=3, copier=NameCopier([(10, 11, 12)], CONTINUES))
-    assert sampler(logits, columns) == 10
-    logits = np.array([0.0, 9.0, 0.0, 1.0, 0.0], np.float32)  # 13 preferred; the name needs 11
-    assert sampler(logits, columns) == 11
+    sampler = Sampler(temperature=1.0, seed=3, copier=NameCopier([POSTGRESQL], TEXTS))
+    assert sampler(np.array([9.0, 0.0, 0.0, 0.0, 0.0], np.float32), columns) == 10
+    # "res" preferred; of the pieces that go on ("g", "gres") only "gres" has a column
+    assert sampler(np.array([0.0, 9.0, 0.0, 1.0, 0.0], np.float32), columns) == 11
 
 
 def test_word_starts_of_the_real_tokenizer():
     """SmolLM2's byte-level BPE: " postgresql" is "Ġpost" "gres" "ql", " node.js" is "Ġnode" "." "js"."""
     tokenizer = Tokenizer.from_file(str(default_tokenizer_file()))
-    continues = word_continuations(default_tokenizer_file(), tokenizer.get_vocab_size())
+    texts = TokenTexts.of_tokenizer(default_tokenizer_file(), tokenizer.get_vocab_size())
     postgresql, node_js = word_token_ids(tokenizer, ["postgresql", "node.js"])
-    assert [bool(continues[t]) for t in postgresql] == [False, True, True]
-    assert [bool(continues[t]) for t in node_js] == [False, False, True]
-    assert not continues[tokenizer.token_to_id("<|im_end|>")] and not continues[tokenizer.token_to_id("Ċ")]
+    assert [texts.continues_word(t) for t in postgresql] == [False, True, True]
+    assert [texts.opens_word(t) for t in postgresql] == [True, False, False]
+    assert [texts.continues_word(t) for t in node_js] == [False, False, True]
+    assert [texts.texts[t] for t in postgresql] == ["Ġpost", "gres", "ql"]
+    end, newline = tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("Ċ")
+    assert not texts.continues_word(end) and texts.opens_word(newline) and not texts.continues_word(newline)
 
 
 def test_explain_names_are_the_words_of_the_prompts_names():
@@ -132,20 +156,29 @@ def test_the_client_sends_each_name_ended_by_minus_one():
 
 
 def test_the_engine_keeps_a_name_whole_where_the_model_would_not(generator_repository):
-    """The tiny random graph writes gibberish (sampled, seeded): a name made of one of its tokens and another
-    word-continuing token than the one it drew next comes out whole; the text before it is unchanged."""
+    """The tiny random graph writes gibberish (sampled, seeded). Given a name made of a word it began and
+    another ending than the one it drew next, it goes on with the name instead; the text before is unchanged."""
     version_dir = generator_bundle_dir(generator_repository).parent
     assert load_generator_bundle(generator_bundle_dir(generator_repository)).copy_names
     tokenizer_file = version_dir / "bundle" / "tokenizer.json"
     decoder = OnnxDecoder(version_dir / "model.onnx", 1)
-    continues = word_continuations(tokenizer_file, decoder.vocab_size)
+    texts = TokenTexts.of_tokenizer(tokenizer_file, decoder.vocab_size)
     prompt = tuple(encode_prompts(tokenizer_file, explanation_prompts(1))[0])
     plain_request = GenerationRequest(prompt, 48, temperature=1.0, seed=7)
     (plain,) = generate(BatchEngine(decoder, ()), [plain_request])
-    at = next(i for i in range(len(plain) - 1) if continues[plain[i + 1]] and plain[i] not in plain[:i])
-    other = next(t for t in range(1000, decoder.vocab_size) if continues[t] and t != plain[at + 1])
+    at = next(
+        i
+        for i in range(len(plain) - 1)
+        if texts.continues_word(plain[i + 1]) and texts.opens_word(plain[i]) and plain[i] not in plain[:i]
+    )
+    other = next(
+        t
+        for t in range(1000, decoder.vocab_size)
+        if texts.continues_word(t) and not texts.texts[t].startswith(texts.texts[plain[at + 1]])
+    )
     request = GenerationRequest(prompt, 48, temperature=1.0, seed=7, copy_names=((plain[at], other),))
-    (copied,) = generate(BatchEngine(decoder, (), continues), [request])
-    assert copied[: at + 2] == [*plain[: at + 1], other]
+    (copied,) = generate(BatchEngine(decoder, (), texts), [request])
+    assert copied[: at + 1] == plain[: at + 1] and copied[at + 1] != plain[at + 1]
+    assert texts.texts[other].startswith(texts.texts[copied[at + 1]])  # a piece of the name's rest
     (ignored,) = generate(BatchEngine(decoder, ()), [request])  # an engine without word starts copies nothing
     assert ignored == plain

@@ -143,8 +143,8 @@ async def test_explain_decodes_at_the_explain_penalty_by_default(generator_repos
         BatchEngine,
         GenerationRequest,
         OnnxDecoder,
+        TokenTexts,
         generate,
-        word_continuations,
     )
 
     request = explain_request(EXAMPLE_MEMBER, ITEM, build_options(max_tokens=40))
@@ -152,8 +152,8 @@ async def test_explain_decodes_at_the_explain_penalty_by_default(generator_repos
     prompt_ids = tuple(service.core.encode(render_explain_request(EXAMPLE_MEMBER, ITEM)))
     bundle_dir = generator_bundle_dir(generator_repository)
     decoder = OnnxDecoder(bundle_dir.parent / "model.onnx", 1)
-    continuations = word_continuations(bundle_dir / TOKENIZER_FILE, decoder.vocab_size)
-    engine = BatchEngine(decoder, service.core.bundle.eos_token_ids, continuations)
+    texts = TokenTexts.of_tokenizer(bundle_dir / TOKENIZER_FILE, decoder.vocab_size)
+    engine = BatchEngine(decoder, service.core.bundle.eos_token_ids, texts)
     config = service.core.config
     explain, generate_default = config.explain_repetition_penalty, config.default_repetition_penalty
     _, names = service.core.explain_prompt(EXAMPLE_MEMBER, ITEM)

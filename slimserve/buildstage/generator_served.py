@@ -70,7 +70,7 @@ def _served_texts(
 ) -> list[str]:
     """``prompts`` decoded through the serving engine, all admitted at once, greedy at ``penalty``;
     ``names``: each prompt's ``copy_names`` (None: none)."""
-    from ..triton_models.generator import BatchEngine, GenerationRequest, generate, word_continuations
+    from ..triton_models.generator import BatchEngine, GenerationRequest, TokenTexts, generate
 
     limit = ctx.settings.evaluation.max_new_tokens
     names = names or [[] for _ in prompts]
@@ -78,8 +78,8 @@ def _served_texts(
         GenerationRequest(tuple(p), limit, repetition_penalty=penalty, copy_names=tuple(map(tuple, n)))
         for p, n in zip(prompts, names, strict=True)
     ]
-    continuations = word_continuations(ctx.tokenizer_file, decoder.vocab_size)
-    outputs = generate(BatchEngine(decoder, ctx.end_ids, continuations), requests)
+    texts = TokenTexts.of_tokenizer(ctx.tokenizer_file, decoder.vocab_size)
+    outputs = generate(BatchEngine(decoder, ctx.end_ids, texts), requests)
     return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
 
 

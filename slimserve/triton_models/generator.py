@@ -426,55 +426,72 @@ def penalize_repeats(logits, seen, penalty, columns=None):
     return out
 
 
-def word_continuations(tokenizer_path, vocab_size):
-    """Which token ids continue the word before them: those whose text starts with a letter or digit
-    (bool [vocab_size]). Read from the vocabulary of a ``tokenizer.json``: a byte-level BPE token that
-    starts a word starts with its space marker (``Ġ``, above U+00FF), a SentencePiece one with ``▁``."""
-    with open(tokenizer_path, encoding="utf-8") as handle:
-        vocab = json.load(handle)["model"]["vocab"]
-    # BPE and WordPiece: {text: id}; Unigram: [[text, score], ...] in id order.
-    pairs = vocab.items() if isinstance(vocab, dict) else ((entry[0], i) for i, entry in enumerate(vocab))
-    continues = np.zeros(vocab_size, dtype=bool)
-    for text, token in pairs:
-        if 0 <= token < vocab_size and text and ord(text[0]) < 0x100 and text[0].isalnum():
-            continues[token] = True
-    return continues
+class TokenTexts:
+    """The text of every token id, in its vocabulary's own alphabet (byte-level BPE spells a space ``Ġ``,
+    SentencePiece ``▁``: both above U+00FF), and the id of every text."""
+
+    def __init__(self, vocab, vocab_size):
+        self.texts = [""] * vocab_size
+        self.ids = {}
+        for text, token in vocab.items():
+            if 0 <= token < vocab_size:
+                self.texts[token] = text
+                self.ids[text] = token
+
+    @classmethod
+    def of_tokenizer(cls, tokenizer_path, vocab_size):
+        """From a ``tokenizer.json`` (BPE and WordPiece: {text: id}; Unigram: [[text, score], ...] in id order)."""
+        with open(tokenizer_path, encoding="utf-8") as handle:
+            vocab = json.load(handle)["model"]["vocab"]
+        if not isinstance(vocab, dict):
+            vocab = {entry[0]: token for token, entry in enumerate(vocab)}
+        return cls(vocab, vocab_size)
+
+    def opens_word(self, token):
+        """The token starts with a space or line mark: the word before it is over."""
+        text = self.texts[token]
+        return bool(text) and ord(text[0]) >= 0x100
+
+    def continues_word(self, token):
+        """The token starts with a letter or digit: it goes on with the word before it."""
+        text = self.texts[token]
+        return bool(text) and ord(text[0]) < 0x100 and text[0].isalnum()
 
 
 class NameCopier:
     """Keeps one sequence's copies of its prompt's names whole.
 
     ``names`` are token-id tuples, each a word as the prompt spells it (the space before it included), for
-    example the ids of " postgresql". Once the sequence has written a name's first tokens, a token that
-    continues that word (``continues``: ``word_continuations``) must be the next token of a name begun, so
-    a copy cannot drift into "postresql". A token that ends the word (a space, punctuation) is left alone,
-    and so is every token after a whole name ("java" may stay "java" though "javascript" begins alike).
+    example the ids of " postgresql". While the word being written (its text since the last token that opens
+    a word) is the beginning of a name, a token that continues the word must keep it the beginning of a
+    name, so a copy cannot drift into "postresql" or, for a name of one token, into "audt" for "audit":
+    otherwise the pieces of text that go on with a name begun are allowed instead. A token that ends the
+    word (a space, punctuation) is left alone, and so is every token after a whole name ("java" may stay
+    "java" though "javascript" begins alike).
     """
 
-    def __init__(self, names, continues):
-        self.names = tuple(tuple(n) for n in names if n)
-        self.continues = continues
-        self.written = collections.deque(maxlen=max(map(len, self.names), default=1))
-
-    def _next_tokens(self):
-        """The next token of every name whose first tokens end what was written (empty after a whole name)."""
-        written = tuple(self.written)
-        following = set()
-        for name in self.names:
-            if written[-len(name) :] == name:
-                return frozenset()
-            following.update(name[j] for j in range(1, len(name)) if written[-j:] == name[:j])
-        return frozenset(following)
+    def __init__(self, names, texts):
+        self.texts = texts
+        self.names = tuple(dict.fromkeys("".join(texts.texts[t] for t in name) for name in names if name))
+        self.word = ""
 
     def allowed_instead(self, token):
         """The tokens allowed in place of ``token`` when it would miscopy a name begun; empty when it may stay."""
-        if not self.continues[token]:
+        if len(self.word) < 2 or not self.texts.continues_word(token):
+            return frozenset()  # no word begun: a space alone (before a digit, say) begins every name
+        begun = [name for name in self.names if name.startswith(self.word)]
+        if not begun or self.word in begun:
             return frozenset()
-        following = self._next_tokens()
-        return following if token not in following else frozenset()
+        written = self.word + self.texts.texts[token]
+        if any(name.startswith(written) for name in begun):
+            return frozenset()
+        rests = (name[len(self.word) :] for name in begun)
+        pieces = (rest[:end] for rest in rests for end in range(1, len(rest) + 1))
+        return frozenset(self.texts.ids[piece] for piece in pieces if piece in self.texts.ids)
 
     def wrote(self, token):
-        self.written.append(token)
+        text = self.texts.texts[token]
+        self.word = text if self.texts.opens_word(token) else self.word + text
 
 
 def _column_token(column, columns):
@@ -561,10 +578,10 @@ class EngineStats:
 class BatchEngine:
     """Iteration-level batching over an ``OnnxDecoder``: ``start`` adds a sequence, ``step`` decodes all."""
 
-    def __init__(self, decoder, eos_token_ids=(), word_continuations=None):
+    def __init__(self, decoder, eos_token_ids=(), token_texts=None):
         self.decoder = decoder
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
-        self.word_continuations = word_continuations  # ``word_continuations``; None: names are not copied
+        self.token_texts = token_texts  # ``TokenTexts``; None: names are not copied
         self.batch = KVBatch(decoder.past_names, decoder.kv_headroom)
         self.sequences = []  # row order of self.batch
         self.stats = EngineStats()
@@ -587,8 +604,8 @@ class BatchEngine:
     def start(self, key, request):
         """Prefill ``request`` and choose its first token; the sequence joins the batch unless it ended."""
         copier = None
-        if request.copy_names and self.word_continuations is not None:
-            copier = NameCopier(request.copy_names, self.word_continuations)
+        if request.copy_names and self.token_texts is not None:
+            copier = NameCopier(request.copy_names, self.token_texts)
         sequence = Sequence(
             key,
             request,
@@ -810,12 +827,12 @@ class TritonPythonModel:
         )
         self.decoder = OnnxDecoder(path, threads, param("allow_spinning", "0") == "1", providers)
         tokenizer_path = os.path.join(version_dir, TOKENIZER_FILE)
-        continuations = (
-            word_continuations(tokenizer_path, self.decoder.vocab_size)
+        texts = (
+            TokenTexts.of_tokenizer(tokenizer_path, self.decoder.vocab_size)
             if os.path.isfile(tokenizer_path)
             else None  # no names copied (input copy_names is then ignored)
         )
-        self.engine = BatchEngine(self.decoder, generation["eos_token_ids"], continuations)
+        self.engine = BatchEngine(self.decoder, generation["eos_token_ids"], texts)
         self.limits = Limits(
             vocab_size=self.decoder.vocab_size,
             # The bundle's max_context fits the model's positions: a config value may only lower it.
