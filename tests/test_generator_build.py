@@ -27,6 +27,7 @@ from slimserve.buildstage.generator_stages import (
     GENERATOR_STAGES,
     active_stages,
     check_gates,
+    check_grounding_gates,
     final_model_dir,
     run_generator,
     scorer_decisions,
@@ -510,6 +511,8 @@ def test_the_publish_checks_full_matches_re_run_no_stage(tmp_path):
 
 
 def test_grounding_gates_fail_the_build(built):
+    """The grounding gates judge the published graph's served row (``check_grounding_gates``); the PyTorch
+    student's own row fails them only when its grounding was not measured."""
     recipe, _, rows, _ = built
     final = rows[-1]
     gates = recipe.generator.gates
@@ -522,9 +525,13 @@ def test_grounding_gates_fail_the_build(built):
         bad = GeneratorRow.from_dict({**final.as_dict(), field: value})
         settings = recipe.generator.model_copy(update={"gates": gates.model_copy(update=gate)})
         with pytest.raises(BuildError, match=rf"generator\.gates\.{next(iter(gate))}.*nothing was published"):
-            check_gates(settings, [*rows[:-1], bad])
+            check_grounding_gates(settings, bad)
         good = GeneratorRow.from_dict({**final.as_dict(), field: 0.04 if "hallucination" in field else 0.9})
-        check_gates(settings, [*rows[:-1], good])
+        check_grounding_gates(settings, good)
+        check_gates(settings, [*rows[:-1], bad])  # measured: the served row decides
+        unmeasured = GeneratorRow.from_dict({**final.as_dict(), "grounding_pairs": 0, field: float("nan")})
+        with pytest.raises(BuildError, match=next(iter(gate))):
+            check_gates(settings, [*rows[:-1], unmeasured])
 
 
 def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
