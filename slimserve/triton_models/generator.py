@@ -502,7 +502,8 @@ def _column_token(column, columns):
 class Sampler:
     """Chooses next tokens for one request: argmax at temperature 0, else temperature + top-p sampling;
     tokens it chose before are penalized by ``repetition_penalty`` (1: off); a ``copier`` (``NameCopier``)
-    keeps the prompt's names whole by choosing among a name's next tokens instead."""
+    keeps the prompt's names whole: a token that would miscopy one is chosen again, among the pieces of
+    text that go on with the names begun."""
 
     def __init__(self, temperature=0.0, top_p=1.0, seed=None, repetition_penalty=1.0, copier=None):
         self.temperature = float(temperature)
