@@ -155,6 +155,29 @@ def test_the_client_sends_each_name_ended_by_minus_one():
     assert "copy_names" not in {t.name() for t in generation_inputs(ClientRequest([1, 2], 3))}
 
 
+def _a_name_to_copy(texts, plain, vocab_size):
+    """(position, name) such that ``plain[position]`` opens a word of 2 characters or more, the next token
+    continues it, and the name (that word, then a continuation the model did not write) begins no word
+    written before; None when ``plain`` has no such position."""
+    word, words = "", []
+    for token in plain:
+        word = texts.texts[token] if texts.opens_word(token) else word + texts.texts[token]
+        words.append(word)
+    for at in range(len(plain) - 1):
+        first, drawn = texts.texts[plain[at]], texts.texts[plain[at + 1]]
+        if not (texts.opens_word(plain[at]) and len(first) >= 2 and texts.continues_word(plain[at + 1])):
+            continue
+        other = next(
+            t
+            for t in range(1000, vocab_size)
+            if texts.continues_word(t) and not texts.texts[t].startswith(drawn)
+        )
+        name = first + texts.texts[other]
+        if not any(len(w) >= 2 and name.startswith(w) for w in words[:at]):
+            return at, (plain[at], other)
+    return None
+
+
 def test_the_engine_keeps_a_name_whole_where_the_model_would_not(generator_repository):
     """The tiny random graph writes gibberish (sampled, seeded). Given a name made of a word it began and
     another ending than the one it drew next, it goes on with the name instead; the text before is unchanged."""
@@ -164,21 +187,18 @@ def test_the_engine_keeps_a_name_whole_where_the_model_would_not(generator_repos
     decoder = OnnxDecoder(version_dir / "model.onnx", 1)
     texts = TokenTexts.of_tokenizer(tokenizer_file, decoder.vocab_size)
     prompt = tuple(encode_prompts(tokenizer_file, explanation_prompts(1))[0])
-    plain_request = GenerationRequest(prompt, 48, temperature=1.0, seed=7)
-    (plain,) = generate(BatchEngine(decoder, ()), [plain_request])
-    at = next(
-        i
-        for i in range(len(plain) - 1)
-        if texts.continues_word(plain[i + 1]) and texts.opens_word(plain[i]) and plain[i] not in plain[:i]
-    )
-    other = next(
-        t
-        for t in range(1000, decoder.vocab_size)
-        if texts.continues_word(t) and not texts.texts[t].startswith(texts.texts[plain[at + 1]])
-    )
-    request = GenerationRequest(prompt, 48, temperature=1.0, seed=7, copy_names=((plain[at], other),))
+    for seed in range(7, 40):  # the first seed whose text has a word to copy (seed 7 here)
+        (plain,) = generate(
+            BatchEngine(decoder, ()), [GenerationRequest(prompt, 48, temperature=1.0, seed=seed)]
+        )
+        found = _a_name_to_copy(texts, plain, decoder.vocab_size)
+        if found:
+            break
+    assert found, "no sampled text began a word to copy"
+    at, name = found
+    request = GenerationRequest(prompt, 48, temperature=1.0, seed=seed, copy_names=(name,))
     (copied,) = generate(BatchEngine(decoder, (), texts), [request])
     assert copied[: at + 1] == plain[: at + 1] and copied[at + 1] != plain[at + 1]
-    assert texts.texts[other].startswith(texts.texts[copied[at + 1]])  # a piece of the name's rest
-    (ignored,) = generate(BatchEngine(decoder, ()), [request])  # an engine without word starts copies nothing
+    assert texts.texts[name[1]].startswith(texts.texts[copied[at + 1]])  # a piece of the name's rest
+    (ignored,) = generate(BatchEngine(decoder, ()), [request])  # an engine without token texts copies nothing
     assert ignored == plain
