@@ -19,6 +19,8 @@ TAIL_TOKENS = 24
 # by about 30 MiB under varied input, e.g. the fuzz case of `bench faults`; the prompt templates' words
 # still hit this many). docs/faults.md, "Where the fuzz case's RSS growth came from".
 WORD_CACHE_CAPACITY = 1000
+# Most values of the generator model's ``copy_names`` input (its ``MAX_COPY_NAME_IDS``).
+MAX_COPY_NAME_VALUES = 2048
 
 
 def load_tokenizer(tokenizer_file: Path) -> Tokenizer:
@@ -32,9 +34,17 @@ def load_tokenizer(tokenizer_file: Path) -> Tokenizer:
     return tokenizer
 
 
-def word_token_ids(tokenizer: Tokenizer, words) -> list[list[int]]:
-    """Each word's token ids as running text spells it: after a space (the generator's ``copy_names``)."""
-    return [tokenizer.encode(" " + word, add_special_tokens=False).ids for word in words]
+def copy_name_ids(tokenizer: Tokenizer, words, max_values: int = MAX_COPY_NAME_VALUES) -> list[list[int]]:
+    """The generator's ``copy_names``: each word's token ids as running text spells it (after a space), as
+    many words as fit in ``max_values`` (each name's ids and its end mark; the model refuses more)."""
+    names, used = [], 0
+    for word in words:
+        ids = tokenizer.encode(" " + word, add_special_tokens=False).ids
+        used += len(ids) + 1
+        if used > max_values:
+            break
+        names.append(ids)
+    return names
 
 
 class PromptTokenizer:

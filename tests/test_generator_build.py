@@ -304,7 +304,7 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     from slimserve.buildstage import generator_stages
     from slimserve.compression.generator_data import explain_prompts
     from slimserve.prompts import explain_names
-    from slimserve.tokenization import word_token_ids
+    from slimserve.tokenization import copy_name_ids
     from slimserve.triton_models.generator import (
         BatchEngine,
         GenerationRequest,
@@ -327,7 +327,7 @@ def test_the_published_graph_explains_as_the_serving_engine_decodes(built, tmp_p
     )
     limit = ctx.settings.evaluation.max_new_tokens
     names = [
-        tuple(map(tuple, word_token_ids(ctx.tokenizer, explain_names(e.member, e.item)))) for e in examples
+        tuple(map(tuple, copy_name_ids(ctx.tokenizer, explain_names(e.member, e.item)))) for e in examples
     ]
     assert all(names)
     requests = [

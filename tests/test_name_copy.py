@@ -15,8 +15,9 @@ from slimserve.models.teacher import default_tokenizer_file
 from slimserve.prompts import explain_names, render_explain_request
 from slimserve.serving.triton.client import GenerationRequest as ClientRequest
 from slimserve.serving.triton.client import generation_inputs
-from slimserve.tokenization import word_token_ids
+from slimserve.tokenization import MAX_COPY_NAME_VALUES, copy_name_ids
 from slimserve.triton_models.generator import (
+    MAX_COPY_NAME_IDS,
     BatchEngine,
     GenerationRequest,
     Limits,
@@ -130,7 +131,7 @@ def test_word_starts_of_the_real_tokenizer():
     """SmolLM2's byte-level BPE: " postgresql" is "Ġpost" "gres" "ql", " node.js" is "Ġnode" "." "js"."""
     tokenizer = Tokenizer.from_file(str(default_tokenizer_file()))
     texts = TokenTexts.of_tokenizer(default_tokenizer_file(), tokenizer.get_vocab_size())
-    postgresql, node_js = word_token_ids(tokenizer, ["postgresql", "node.js"])
+    postgresql, node_js = copy_name_ids(tokenizer, ["postgresql", "node.js"])
     assert [texts.continues_word(t) for t in postgresql] == [False, True, True]
     assert [texts.opens_word(t) for t in postgresql] == [True, False, False]
     assert [texts.continues_word(t) for t in node_js] == [False, False, True]
@@ -202,3 +203,18 @@ def test_the_engine_keeps_a_name_whole_where_the_model_would_not(generator_repos
     assert texts.texts[name[1]].startswith(texts.texts[copied[at + 1]])  # a piece of the name's rest
     (ignored,) = generate(BatchEngine(decoder, ()), [request])  # an engine without token texts copies nothing
     assert ignored == plain
+
+
+def test_names_beyond_the_models_limit_are_left_out():
+    """Explain sends as many names as the model's ``copy_names`` takes (a long title must not fail it)."""
+    tokenizer = Tokenizer.from_file(str(default_tokenizer_file()))
+    assert MAX_COPY_NAME_VALUES == MAX_COPY_NAME_IDS
+    words = [f"vorlak{i}" for i in range(2000)]
+    names = copy_name_ids(tokenizer, words)
+    values = sum(len(n) + 1 for n in names)
+    assert 0 < len(names) < len(words) and MAX_COPY_NAME_VALUES - 8 < values <= MAX_COPY_NAME_VALUES
+    flat = np.array([t for n in names for t in (*n, -1)], np.int64)
+    assert len(parse_request(_request(flat), Limits(49152, 64, 32)).copy_names) == len(names)
+    assert copy_name_ids(tokenizer, ["postgresql", "grpc"], max_values=5) == copy_name_ids(
+        tokenizer, ["postgresql"]
+    )

@@ -33,7 +33,7 @@ from slimserve.serving.reasoning.config import ReasoningServiceConfig
 from slimserve.serving.reasoning.server import ReasoningServer
 from slimserve.serving.triton.client import GenerationRequest, TritonGeneratorClient
 from slimserve.serving.triton.launcher import TritonServer, TritonServerConfig, free_port
-from slimserve.tokenization import word_token_ids
+from slimserve.tokenization import copy_name_ids
 from slimserve.v1 import reasoning_pb2, reasoning_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -171,7 +171,7 @@ async def test_explain_sends_the_names_its_prompt_states_unless_turned_off(gener
     text, names = service.core.explain_prompt(EXAMPLE_MEMBER, ITEM)
     tokenizer = tokenizer_of(generator_repository)
     assert text == render_explain_request(EXAMPLE_MEMBER, ITEM) and service.core.bundle.copy_names
-    assert names == word_token_ids(tokenizer, explain_names(EXAMPLE_MEMBER, ITEM)) and len(names) > 5
+    assert names == copy_name_ids(tokenizer, explain_names(EXAMPLE_MEMBER, ITEM)) and len(names) > 5
     words = explain_names(EXAMPLE_MEMBER, ITEM)
     assert [tokenizer.decode(n) for n in names] == [f" {w}" for w in words]
     assert {"python", "machine", "learning", "pytorch", ITEM.company} <= set(words)

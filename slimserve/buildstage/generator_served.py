@@ -56,11 +56,11 @@ def served_explanations(
     ``ReasoningServiceConfig.explain_copy_names``); the texts, special tokens dropped."""
     from ..compression.generator_data import explain_prompts
     from ..prompts import explain_names
-    from ..tokenization import word_token_ids
+    from ..tokenization import copy_name_ids
 
     prompts = explain_prompts(examples, ctx.tokenizer_file, ctx.settings.teacher_text.max_prompt_tokens)
     names = [
-        word_token_ids(ctx.tokenizer, explain_names(e.member, e.item)) if copy_names else [] for e in examples
+        copy_name_ids(ctx.tokenizer, explain_names(e.member, e.item)) if copy_names else [] for e in examples
     ]
     return _served_texts(ctx, decoder, prompts, penalty, names)
 

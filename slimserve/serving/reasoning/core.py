@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from slimserve import prompts, schema
 from slimserve.bundle import TOKENIZER_FILE
 from slimserve.generator_bundle import GeneratorBundle, load_generator_bundle
-from slimserve.tokenization import load_tokenizer, word_token_ids
+from slimserve.tokenization import copy_name_ids, load_tokenizer
 
 from ..core import ServiceCore, check_template_version
 from ..errors import DeadlineExceeded, InternalError, InvalidArgument
@@ -164,7 +164,7 @@ class ReasoningCore(ServiceCore):
         text = prompts.render_explain_request(member, item, version)
         if not (self.bundle.copy_names and self.config.explain_copy_names):
             return text, []
-        return text, word_token_ids(self.tokenizer, prompts.explain_names(member, item, version))
+        return text, copy_name_ids(self.tokenizer, prompts.explain_names(member, item, version))
 
     def generate(
         self,
