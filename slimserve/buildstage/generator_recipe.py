@@ -192,8 +192,9 @@ class GeneratorGates(_Strict):
         0.05,
         ge=0,
         le=1,
-        description="Largest share of the final student's held-out explanations that name a skill, company, "
-        "city or industry of neither the member nor the item, or claim a skill the member lacks",
+        description="Largest share of the held-out explanations of the published graph, as Explain serves it, "
+        "that name a skill, company, city or industry of neither the member nor the item, or claim a skill "
+        "the member lacks (and the other errors docs/generator-build.md lists)",
     )
     min_coverage: float | None = Field(
         0.85,
