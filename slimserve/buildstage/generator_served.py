@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 
 from ..evaluation.generator_report import SERVED_SUFFIX, GeneratorRow
@@ -70,7 +71,7 @@ def _served_texts(
 ) -> list[str]:
     """``prompts`` decoded through the serving engine, all admitted at once, greedy at ``penalty``;
     ``names``: each prompt's ``copy_names`` (None: none)."""
-    from ..triton_models.generator import BatchEngine, GenerationRequest, TokenTexts, generate
+    from ..triton_models.generator import BatchEngine, GenerationRequest, generate
 
     limit = ctx.settings.evaluation.max_new_tokens
     names = names or [[] for _ in prompts]
@@ -78,9 +79,17 @@ def _served_texts(
         GenerationRequest(tuple(p), limit, repetition_penalty=penalty, copy_names=tuple(map(tuple, n)))
         for p, n in zip(prompts, names, strict=True)
     ]
-    texts = TokenTexts.of_tokenizer(ctx.tokenizer_file, decoder.vocab_size)
+    texts = _token_texts(ctx.tokenizer_file, decoder.vocab_size) if any(names) else None
     outputs = generate(BatchEngine(decoder, ctx.end_ids, texts), requests)
     return [ctx.tokenizer.decode(tokens, skip_special_tokens=True) for tokens in outputs]
+
+
+@lru_cache(maxsize=2)
+def _token_texts(tokenizer_file: Path, vocab_size: int):
+    """The ``TokenTexts`` of the tokenizer (read once: a served row decodes several sets of pairs)."""
+    from ..triton_models.generator import TokenTexts
+
+    return TokenTexts.of_tokenizer(tokenizer_file, vocab_size)
 
 
 def free_prompt_answers(ctx: GeneratorContext, decoder) -> dict:

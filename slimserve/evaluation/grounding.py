@@ -134,8 +134,8 @@ _WORD = re.compile(r"[a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*")
 # its first 3 letters and nearly all the rest: "typcript" for typescript. (prefix length, least ratio):
 _NEAR_COPY_RULES = ((4, 0.6), (3, 0.8))
 # The word after / before a list separator (", " or " and ") next to a skill.
-_LIST_AFTER = re.compile(r"(?:,\s*|\s+and\s+)([a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*)")
-_LIST_BEFORE = re.compile(r"([a-z][a-z0-9+#]*(?:[.-][a-z0-9+#]+)*)(?:,\s*|\s+and\s+)$")
+_LIST_AFTER = re.compile(rf"(?:,\s*|\s+and\s+)({_WORD.pattern})")
+_LIST_BEFORE = re.compile(rf"({_WORD.pattern})(?:,\s*|\s+and\s+)$")
 _COUNT_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _VERDICT = re.compile(r"\b(strong|partial|weak)\s+fit\b", re.IGNORECASE)
 _FIRST_SENTENCE = re.compile(r"^[^.!?\n]*")
@@ -456,7 +456,7 @@ def garbled_names(text: str, member: Member, item: Item, pair_text: str | None =
     and nearly all the rest: "typcript" for typescript), and neither word a prefix of the other
     ("pythonic", "market" for marketing are not). As "word~skill word".
     ``pair_text``: the pair's fields as ``check_explanation`` already joined them (None: joined here)."""
-    pair = set(_WORD.findall((pair_text or _pair_text(member, item)).lower()))
+    pair = _pair_words(member, item, pair_text)
     skills = sorted(
         {w for s in (*member.skills, *item.required_skills) for w in _WORD.findall(s.lower()) if len(w) >= 4}
     )
@@ -469,6 +469,11 @@ def garbled_names(text: str, member: Member, item: Item, pair_text: str | None =
                 garbled.append(f"{word}~{skill}")
                 break
     return garbled
+
+
+def _pair_words(member: Member, item: Item, pair_text: str | None = None) -> set[str]:
+    """The words of the pair's fields (lowercase); ``pair_text``: those fields already joined."""
+    return set(_WORD.findall((pair_text or _pair_text(member, item)).lower()))
 
 
 @lru_cache(maxsize=1)
@@ -501,13 +506,18 @@ def lexicon() -> frozenset[str]:
     return frozenset(token[1:].lower() for token in vocab if token[:1] == "\u0120" and token[1:].isalpha())
 
 
+@lru_cache(maxsize=1)
+def _known_words() -> frozenset[str]:
+    """The words a skill list may hold besides the pair's: the writer's, the plain ones, the dataset's names."""
+    return writer_words() | lexicon() | vocabulary().words
+
+
 def unknown_list_items(text: str, member: Member, item: Item, pair_text: str | None = None) -> list[str]:
     """Words of ``text`` listed beside one of the pair's skills ("A, B", "A and B") that are in no field
     of the pair, that the writer never uses (``writer_words``), that are no plain word (``lexicon``) and
     no name of the dataset (those are ``foreign_terms``): "bleiation" in "none of bleiation and crm"."""
     lower = text.lower()
-    known = set(_WORD.findall((pair_text or _pair_text(member, item)).lower())) | writer_words()
-    known |= vocabulary().words | lexicon()
+    pair, known = _pair_words(member, item, pair_text), _known_words()
     skills = sorted({s.lower() for s in (*member.skills, *item.required_skills) if s}, key=len, reverse=True)
     unknown: list[str] = []
     for skill in skills:
@@ -516,7 +526,7 @@ def unknown_list_items(text: str, member: Member, item: Item, pair_text: str | N
             before = _LIST_BEFORE.search(lower[: found.start()])
             for neighbour in (after, before):
                 word = neighbour.group(1) if neighbour else None
-                if word and word not in known and word not in unknown:
+                if word and word not in pair and word not in known and word not in unknown:
                     unknown.append(word)
     return unknown
 
