@@ -180,12 +180,14 @@ def test_a_generator_s_training_forward_autocasts_but_its_lm_head_and_evaluation
     head_inputs = []
     hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: head_inputs.append((i[0], o)))
     with torch.no_grad():
-        reference = response_logprobs(model, batch, training=True)  # no using block: FP32
+        reference = response_logprobs(model, batch)
+        fp32_trained = response_logprobs(model, batch, training=True)  # no using block: FP32
         with precision.using("bf16"):
             evaluation = response_logprobs(model, batch)
             trained = response_logprobs(model, batch, training=True)
     hook.remove()
     assert torch.equal(evaluation, reference)  # evaluations: FP32 inside a BF16 stage
+    torch.testing.assert_close(fp32_trained, reference, atol=1e-5, rtol=1e-5)  # only its attention differs
     assert trained.dtype == torch.float32 and trained.shape == reference.shape == (5, model.config.vocab_size)
     assert all(i.dtype == o.dtype == torch.float32 for i, o in head_inputs)  # the LM head ran in FP32
     difference = float((trained - reference).abs().max())

@@ -141,6 +141,12 @@ class OnPolicySettings(_Strict):
     temperature: float = Field(0.85, gt=0, description="Student sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="Student nucleus sampling threshold")
     max_new_tokens: int = Field(96, ge=1, description="Length limit of the student's samples")
+    rollout_batches: int = Field(
+        1,
+        ge=1,
+        description="On-policy micro-batches whose samples the student draws together, in one batched "
+        "generation, before it learns from the first (1: each just before it learns from it)",
+    )
     train: TrainConfig = Field(default_factory=lambda: TrainConfig(lr=1e-4, epochs=1, batch_size=8))
     precision: Precision = _precision_field()
 
@@ -153,6 +159,12 @@ class GeneratorEvalSettings(_Strict):
     )
     max_new_tokens: int = Field(96, ge=1, description="Length limit of those samples")
     batch_size: int = Field(4, ge=1, description="Sequences per teacher-forced evaluation batch")
+    decode_batch_size: int = Field(
+        48,
+        ge=1,
+        description="Prompts an evaluation decodes together (its explanations of the grounding and the "
+        "unseen-skill pairs, its own samples); 48 decodes the cpu recipe's 32 + 16 in one batch",
+    )
     speed_tokens: int = Field(32, ge=0, description="Tokens of the greedy decode-speed measurement (0: off)")
     grounding_prompts: int = Field(
         32,

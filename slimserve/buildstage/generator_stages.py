@@ -146,17 +146,17 @@ UNSEEN = " (unseen skills)"  # the label suffix of a model's explanations of the
 
 
 def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> None:
-    """``model`` explains the grounding pairs, then the pairs renamed to unseen skills (greedy); the
-    texts go to ``out/explanations.json`` under ``label`` and ``label + UNSEEN``."""
-    for examples, key in ((ctx.grounding_examples(), label), (ctx.unseen_skill_examples(), label + UNSEEN)):
-        if examples:
-            _explain(ctx, examples, key, model, out)
-
-
-def _explain(ctx: GeneratorContext, examples: list, label: str, model, out: Path) -> None:
+    """``model`` explains the grounding pairs and the pairs renamed to unseen skills (greedy, decoded
+    together: one batch of 48 prompts is one decode where 32 and 16 were two); the texts go to
+    ``out/explanations.json`` under ``label`` and ``label + UNSEEN``."""
     from ..compression.generator_data import explain_prompts, generate
 
+    sets = [(ctx.grounding_examples(), label), (ctx.unseen_skill_examples(), label + UNSEEN)]
+    sets = [(examples, key) for examples, key in sets if examples]
+    if not sets:
+        return
     settings = ctx.settings
+    examples = [e for chosen, _ in sets for e in chosen]
     prompts = explain_prompts(examples, ctx.tokenizer_file, settings.teacher_text.max_prompt_tokens)
     with progress_bar(len(prompts), f"explanations of {label}") as bar:
         generated = generate(
@@ -164,16 +164,25 @@ def _explain(ctx: GeneratorContext, examples: list, label: str, model, out: Path
             prompts,
             Sampling(settings.evaluation.max_new_tokens, precision=settings.generation_precision),
             ctx.end_ids,
-            settings.teacher_text.batch_size,
+            evaluation_batch(ctx, len(prompts)),
             progress=bar.update,
         )
     path = out / EXPLANATIONS_FILE
     texts = json.loads(path.read_text()) if path.is_file() else {}
-    texts[label] = [
-        {"key": f"{e.member_id}/{e.item_id}", "text": ctx.tokenizer.decode(r, skip_special_tokens=True)}
-        for e, r in zip(examples, generated.responses, strict=True)
-    ]
+    start = 0
+    for chosen, key in sets:
+        responses = generated.responses[start : start + len(chosen)]
+        start += len(chosen)
+        texts[key] = [
+            {"key": f"{e.member_id}/{e.item_id}", "text": ctx.tokenizer.decode(r, skip_special_tokens=True)}
+            for e, r in zip(chosen, responses, strict=True)
+        ]
     atomic.write_text(path, json.dumps(texts, indent=1) + "\n")
+
+
+def evaluation_batch(ctx: GeneratorContext, prompts: int) -> int:
+    """Prompts an evaluation decodes together: all of them, up to ``evaluation.decode_batch_size``."""
+    return max(1, min(prompts, ctx.settings.evaluation.decode_batch_size))
 
 
 def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
@@ -218,7 +227,7 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
                 heldout.prompts,
                 sampling,
                 ctx.end_ids,
-                ctx.settings.teacher_text.batch_size,
+                evaluation_batch(ctx, len(heldout.prompts)),
                 bar.update,
             )
         row.kl_own_samples = own.kl
@@ -430,6 +439,7 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         settings.share,
         ctx.settings.teacher_text.top_k,
         ctx.end_ids,
+        settings.rollout_batches,
     )
     report, sampled = distill_onpolicy(
         student,

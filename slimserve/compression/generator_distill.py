@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -53,13 +53,42 @@ def response_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     return ResponseBatch(ids, mask, as_long(rows), as_long(cols), as_long(targets))
 
 
+# The attention of training passes. Measured on 2 cores (docs/build-times.md, "Where a training step
+# goes"): the CPU's fused SDPA kernel's backward is a sixth of a generator student's step; the plain
+# product-softmax-product ran the whole step 7% faster at BF16, the same at FP32. Decoding keeps SDPA
+# (faster there: 108 ms against 129 ms a step of the teacher, 32 sequences).
+TRAINING_ATTENTION = "eager"
+
+
+@contextlib.contextmanager
+def attention(model, implementation: str) -> Iterator[None]:
+    """``model`` computes attention with ``implementation`` (a Hugging Face attention name) within the
+    block; its own comes back after it."""
+    previous = model.config._attn_implementation
+    if previous == implementation:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@contextlib.contextmanager
+def _training_forward(model) -> Iterator[None]:
+    with precision.compute(), attention(model, TRAINING_ATTENTION):
+        yield
+
+
 def response_logprobs(model, batch: ResponseBatch, training: bool = False) -> torch.Tensor:
     """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
     token (on the model's device); the LM head runs only there. ``training``: the decoder runs at the
-    training stage's precision (``precision.compute``); the LM head and the log-softmax are FP32 whatever
-    it is (a BF16 logit's rounding, about 0.06 at 16, is as large as the differences the KL is made of)."""
+    training stage's precision (``precision.compute``) with ``TRAINING_ATTENTION``; the LM head and the
+    log-softmax are FP32 whatever it is (a BF16 logit's rounding, about 0.06 at 16, is as large as the
+    differences the KL is made of)."""
     device = model.device
-    with precision.compute() if training else contextlib.nullcontext():
+    with _training_forward(model) if training else contextlib.nullcontext():
         hidden = model.get_decoder()(
             input_ids=batch.input_ids.to(device),
             attention_mask=batch.attention_mask.to(device),
@@ -93,6 +122,7 @@ class OnPolicySettings:
     share: float  # share of micro-batches that are on-policy
     top_k: int
     end_ids: list[int] = field(default_factory=list)
+    rollout_batches: int = 1  # on-policy micro-batches whose samples are drawn together (_onpolicy_plan)
 
 
 @dataclass
@@ -179,15 +209,48 @@ def distill_offpolicy(
     )
 
 
-def _onpolicy_plan(lengths: list[int], config: TrainConfig, share: float, epoch: int) -> list[tuple]:
-    """Micro-batches as (kind, indices, seed); ``round(share * n)`` of them on-policy, seeded positions."""
+def _onpolicy_plan(
+    lengths: list[int], config: TrainConfig, share: float, epoch: int, rollout_batches: int = 1
+) -> list[tuple]:
+    """Micro-batches as (kind, indices, seed, rollout); ``round(share * n)`` of them on-policy, seeded
+    positions. An on-policy micro-batch's ``rollout`` lists (indices, seed) of the ``rollout_batches``
+    consecutive on-policy micro-batches it is sampled with (itself included, in plan order)."""
     batches = batch_indices(lengths, config.batch_size, shuffle=True, seed=config.seed + epoch)
     rng = np.random.default_rng(config.seed * 7919 + epoch)
     on = set(rng.permutation(len(batches))[: round(share * len(batches))].tolist())
+    seeds = [config.seed * 1_000_003 + epoch * 10_007 + i for i in range(len(batches))]
+    on_order = sorted(on)
+    rollouts = {
+        i: tuple((batches[j], seeds[j]) for j in on_order[start : start + rollout_batches])
+        for start in range(0, len(on_order), rollout_batches)
+        for i in on_order[start : start + rollout_batches]
+    }
     return [
-        ("on" if i in on else "off", indices, config.seed * 1_000_003 + epoch * 10_007 + i)
+        ("on", indices, seeds[i], rollouts[i]) if i in on else ("off", indices, seeds[i], ())
         for i, indices in enumerate(batches)
     ]
+
+
+class _Rollouts:
+    """The student's samples for on-policy micro-batches, drawn a rollout at a time: the first micro-batch
+    of a rollout to be trained on samples it and the rollout's later ones in one batched generation (one
+    decode instead of ``rollout_batches``; after a resume, the rest of the rollout only)."""
+
+    def __init__(self, student, text: TeacherText, settings: OnPolicySettings):
+        self.student, self.text, self.settings = student, text, settings
+        self.drawn: dict[int, list[list[int]]] = {}  # seed -> responses
+
+    def responses(self, seed: int, rollout: tuple) -> list[list[int]]:
+        if seed not in self.drawn:
+            ahead = rollout[[s for _, s in rollout].index(seed) :]
+            prompts = [self.text.prompts[i] for indices, _ in ahead for i in indices]
+            sampling = replace(self.settings.sampling, seed=seed)
+            drawn = generate(self.student, prompts, sampling, self.settings.end_ids, batch_size=len(prompts))
+            offset = 0
+            for indices, later_seed in ahead:
+                self.drawn[later_seed] = drawn.responses[offset : offset + len(indices)]
+                offset += len(indices)
+        return self.drawn.pop(seed)
 
 
 def distill_onpolicy(
@@ -202,20 +265,23 @@ def distill_onpolicy(
 ) -> tuple[TrainReport, OnPolicyLog]:
     """Stage (b): on a ``settings.share`` of the micro-batches the student samples continuations of the
     prompts (``settings.sampling``) and learns the teacher's distribution on them; the other micro-batches
-    are teacher text as in stage (a). The student's training forward runs at ``precision_setting``; its
+    are teacher text as in stage (a). With ``settings.rollout_batches`` above 1 the student samples that
+    many on-policy micro-batches at once, before it learns from the first (``_Rollouts``): samples up to
+    that many steps older, for one batched decode. The student's training forward runs at
+    ``precision_setting``; its
     sampling and the teacher's targets at ``settings.sampling.precision`` (the decoder's weights; the
     LM heads FP32), like the teacher's targets of stage (a), which come from its text's generation."""
     lengths = _lengths(text)
     record = OnPolicyLog()
     teacher = precision.decoding_copy(teacher.eval(), settings.sampling.precision)
+    rollouts = _Rollouts(student, text, settings)
 
     def loss_fn(payload) -> torch.Tensor:
-        kind, indices, seed = payload
+        kind, indices, seed, rollout = payload
         if kind == "off":
             return _offpolicy_loss(student, text, indices)
         prompts = [text.prompts[i] for i in indices]
-        sampling = replace(settings.sampling, seed=seed)
-        responses = generate(student, prompts, sampling, settings.end_ids, batch_size=len(prompts)).responses
+        responses = rollouts.responses(seed, rollout)
         _log_samples(record, text, indices, responses, settings.end_ids, keep_samples)
         batch = response_batch(prompts, responses)
         with torch.no_grad():
@@ -225,7 +291,7 @@ def distill_onpolicy(
 
     report = _run(
         student,
-        lambda epoch: _onpolicy_plan(lengths, config, settings.share, epoch),
+        lambda epoch: _onpolicy_plan(lengths, config, settings.share, epoch, settings.rollout_batches),
         loss_fn,
         config,
         checkpoint,

@@ -1,5 +1,8 @@
 """A small, resumable training loop: AdamW, warmup + linear decay, gradient accumulation, checkpoints.
 
+AdamW runs its fused kernel where the parameters live on the CPU or a CUDA GPU (one pass over each
+tensor instead of several: about 4% of a generator student's step on 2 cores, docs/build-times.md).
+
 Batches are planned up front from a seed (``plan(epoch)`` returns the epoch's micro-batches), so a run
 resumed from a checkpoint continues with exactly the batches it had not done yet.
 """
@@ -125,7 +128,8 @@ def train(
     the best epoch are kept (epochs scored before a resume are not remembered).
     """
     parameters = [p for p in parameters if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay)
+    fused = all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in parameters)
+    optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=config.weight_decay, fused=fused)
     whole_epochs = int(config.epochs) + (1 if config.epochs % 1 else 0)
     batches = []
     epoch_ends: dict[int, int] = {}  # optimizer step after which an epoch is complete -> epoch (1-based)
