@@ -87,8 +87,12 @@ def test_the_training_forward_runs_its_attention_and_gives_the_models_own_back()
     own = model.config._attn_implementation
     assert own != TRAINING_ATTENTION  # the tiny model loads with SDPA, as the teacher does
     seen = []
-    hook = model.get_decoder().layers[0].register_forward_pre_hook(
-        lambda module, args: seen.append(module.self_attn.config._attn_implementation)
+    hook = (
+        model.get_decoder()
+        .layers[0]
+        .register_forward_pre_hook(
+            lambda module, args: seen.append(module.self_attn.config._attn_implementation)
+        )
     )
     batch = response_batch([[5, 6, 7], [8, 9, 10, 11]], [[12, 13], [14]])
     trained = response_logprobs(model, batch, training=True)

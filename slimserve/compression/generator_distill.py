@@ -53,10 +53,10 @@ def response_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequenc
     return ResponseBatch(ids, mask, as_long(rows), as_long(cols), as_long(targets))
 
 
-# The attention of training passes. Measured on 2 cores (docs/build-times.md, "Where a training step
-# goes"): the CPU's fused SDPA kernel's backward is a sixth of a generator student's step; the plain
-# product-softmax-product ran the whole step 7% faster at BF16, the same at FP32. Decoding keeps SDPA
-# (faster there: 108 ms against 129 ms a step of the teacher, 32 sequences).
+# The attention of training passes. Measured on 2 cores (docs/build-times.md, "Where a generator training
+# step goes"): the CPU's fused SDPA kernel's backward is a sixth of a generator student's step; the plain
+# product-softmax-product ran the whole step up to 7% faster at BF16, the same at FP32. Decoding keeps
+# SDPA (faster there: 108 ms against 129 ms a step of the teacher, 32 sequences).
 TRAINING_ATTENTION = "eager"
 
 

@@ -1,7 +1,7 @@
 """A small, resumable training loop: AdamW, warmup + linear decay, gradient accumulation, checkpoints.
 
 AdamW runs its fused kernel where the parameters live on the CPU or a CUDA GPU (one pass over each
-tensor instead of several: about 4% of a generator student's step on 2 cores, docs/build-times.md).
+tensor instead of several: up to 4% of a generator student's step on 2 cores, docs/build-times.md).
 
 Batches are planned up front from a seed (``plan(epoch)`` returns the epoch's micro-batches), so a run
 resumed from a checkpoint continues with exactly the batches it had not done yet.
