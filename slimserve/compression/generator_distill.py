@@ -266,11 +266,11 @@ def distill_onpolicy(
     """Stage (b): on a ``settings.share`` of the micro-batches the student samples continuations of the
     prompts (``settings.sampling``) and learns the teacher's distribution on them; the other micro-batches
     are teacher text as in stage (a). With ``settings.rollout_batches`` above 1 the student samples that
-    many on-policy micro-batches at once, before it learns from the first (``_Rollouts``): samples up to
-    that many steps older, for one batched decode. The student's training forward runs at
-    ``precision_setting``; its
-    sampling and the teacher's targets at ``settings.sampling.precision`` (the decoder's weights; the
-    LM heads FP32), like the teacher's targets of stage (a), which come from its text's generation."""
+    many on-policy micro-batches at once, before it learns from the first (``_Rollouts``): one batched
+    decode, for samples up to ``rollout_batches - 1`` on-policy micro-batches older. The student's
+    training forward runs at ``precision_setting``; its sampling and the teacher's targets at
+    ``settings.sampling.precision`` (the decoder's weights; the LM heads FP32), like the teacher's
+    targets of stage (a), which come from its text's generation."""
     lengths = _lengths(text)
     record = OnPolicyLog()
     teacher = precision.decoding_copy(teacher.eval(), settings.sampling.precision)
