@@ -164,7 +164,7 @@ def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> N
             prompts,
             Sampling(settings.evaluation.max_new_tokens, precision=settings.generation_precision),
             ctx.end_ids,
-            evaluation_batch(ctx, len(prompts)),
+            settings.evaluation.decode_batch_size,
             progress=bar.update,
         )
     path = out / EXPLANATIONS_FILE
@@ -178,11 +178,6 @@ def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> N
             for e, r in zip(chosen, responses, strict=True)
         ]
     atomic.write_text(path, json.dumps(texts, indent=1) + "\n")
-
-
-def evaluation_batch(ctx: GeneratorContext, prompts: int) -> int:
-    """Prompts an evaluation decodes together: all of them, up to ``evaluation.decode_batch_size``."""
-    return max(1, min(prompts, ctx.settings.evaluation.decode_batch_size))
 
 
 def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
@@ -227,7 +222,7 @@ def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRo
                 heldout.prompts,
                 sampling,
                 ctx.end_ids,
-                evaluation_batch(ctx, len(heldout.prompts)),
+                settings.decode_batch_size,
                 bar.update,
             )
         row.kl_own_samples = own.kl
