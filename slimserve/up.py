@@ -469,7 +469,10 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
             if recipe.generator is not None:
                 from .evaluation.generator_report import generator_table
 
-                print(f"\nBuild (recipe {recipe.name}), the generator's stages:")  # noqa: T201
+                print(  # noqa: T201
+                    f"\nBuild (recipe {recipe.name}), the generator's stages (the figures its gates read; "
+                    "every model's grounding and speed come with the closing tables):"
+                )
                 print(generator_table(result.generator_rows))  # noqa: T201
                 entry = published_entry(recipe, "generator")
                 version = None if entry is None else entry["version"]
@@ -483,8 +486,8 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
                 servers.append(await _serve_reasoning(options, triton_url, generator_dir))
             if not build.done.done():
                 print(  # noqa: T201
-                    "\nFor the closing table: the magnitude-pruning baselines and every model's speed "
-                    "(stages prune_baselines, speed)."
+                    "\nFor the closing tables: the magnitude-pruning baselines, every model's speed, every "
+                    "generator model's grounding (stages prune_baselines, speed, gen_report)."
                 )
             if not await _first(stop, build.done):
                 raise _Interrupted
@@ -494,6 +497,11 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
 
                 print(f"\nBuild (recipe {recipe.name}), the scorer's stages with the pruning baselines:")  # noqa: T201
                 print(markdown_table(final.rows))  # noqa: T201
+            if final.generator_rows:
+                from .evaluation.generator_report import generator_table
+
+                print(f"\nBuild (recipe {recipe.name}), the generator's stages:")  # noqa: T201
+                print(generator_table(final.generator_rows))  # noqa: T201
             _print_summary(recipe)
             return await _until_stopped(options, stop)
         finally:

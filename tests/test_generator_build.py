@@ -25,10 +25,12 @@ from slimserve.buildstage.generator_stages import (
     FREE_PROMPT_KEY,
     FREE_PROMPT_TEXT_SEED_OFFSET,
     GENERATOR_STAGES,
+    REPORT_STAGE,
     active_stages,
     check_gates,
     check_grounding_gates,
     final_model_dir,
+    report_generator,
     run_generator,
     scorer_decisions,
     standalone_context,
@@ -75,12 +77,13 @@ def built(tmp_path_factory):
     ctx = standalone_context(recipe)
     seconds: dict[str, float] = {}
     rows = run_generator(ctx, seconds)
+    report_generator(ctx, seconds, rows)
     return recipe, ctx, rows, seconds
 
 
 def test_every_generator_stage_runs_and_is_measured(built):
     recipe, ctx, rows, seconds = built
-    assert [r.stage for r in rows] == EXPECTED and set(seconds) == set(GENERATOR_STAGES)
+    assert [r.stage for r in rows] == EXPECTED and set(seconds) == {*GENERATOR_STAGES, REPORT_STAGE}
     zero_shot, teacher, _, offpolicy, onpolicy = rows
     assert teacher.kl_teacher_text == 0 and teacher.top1_agreement == 1 and teacher.kl_own_samples == 0
     assert math.isnan(zero_shot.kl_teacher_text) and zero_shot.decode_tokens_per_s > 0
@@ -199,16 +202,21 @@ def test_evaluation_reuses_the_cached_teacher_logprobs():
     assert again == fresh and not calls  # the teacher did not run again
 
 
+def _without_speed(row: GeneratorRow) -> dict:
+    return {k: v for k, v in row.as_dict().items() if k != "decode_tokens_per_s"}  # measured again
+
+
 def test_resume_skips_finished_generator_stages(built, caplog):
     recipe, ctx, first, _ = built
     (recipe.resolved_work_dir() / "gen_onpolicy" / "done.json").unlink()  # died during stage (b)
     seconds: dict[str, float] = {}
     with caplog.at_level("INFO"):
         again = run_generator(ctx, seconds)
-    assert set(seconds) == {"gen_onpolicy"}
+        report_generator(ctx, seconds, again)
+    assert set(seconds) == {"gen_onpolicy", REPORT_STAGE}  # the report reads (b)'s new student
     skipped = {r.getMessage().split()[1].rstrip(":") for r in caplog.records if "skipped" in r.getMessage()}
     assert skipped == {"gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy"}
-    assert [r.as_dict() for r in again[:4]] == [r.as_dict() for r in first[:4]]
+    assert [_without_speed(r) for r in again[:4]] == [_without_speed(r) for r in first[:4]]
     # A changed setting invalidates its stage and those after it, not those before.
     changed = recipe.generator.onpolicy.model_copy(update={"temperature": 0.5})
     other = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"onpolicy": changed})})
@@ -220,8 +228,25 @@ def test_resume_skips_finished_generator_stages(built, caplog):
 def test_a_finished_build_run_again_never_loads_a_teacher(built):
     recipe = built[0]
     again, seconds = standalone_context(recipe), {}
-    assert [r.stage for r in run_generator(again, seconds)] == EXPECTED and not seconds  # all skipped
+    rows = run_generator(again, seconds)
+    report_generator(again, seconds, rows)
+    assert [r.stage for r in rows] == EXPECTED and not seconds  # all skipped, the report too
     assert again._teacher is None  # neither the teacher as loaded nor the fine-tuned one
+
+
+def test_the_stages_measure_what_gates_read_and_the_report_after_them_the_rest(built):
+    recipe, _, completed, _ = built
+    gated = run_generator(standalone_context(recipe), {})  # the rows as the stages saved them
+    zero_shot, teacher, pruned, offpolicy, onpolicy = gated
+    assert all(row.grounding_pairs == 0 and math.isnan(row.decode_tokens_per_s) for row in gated)
+    assert math.isnan(pruned.kl_own_samples)  # no gate reads the pruned student's samples ...
+    assert offpolicy.kl_own_samples > 0 and onpolicy.kl_own_samples > 0  # ... max_kl_increase reads these
+    assert zero_shot.parameters == teacher.parameters > pruned.parameters > 0
+    # gen_report filled in the rest, the KLs on the teacher's text as the stages measured them
+    assert all(row.grounding_pairs > 0 and row.decode_tokens_per_s > 0 for row in completed)
+    assert completed[2].kl_own_samples > 0 and completed[2].own_sample_tokens > 0
+    assert [r.kl_teacher_text for r in completed[1:4]] == [r.kl_teacher_text for r in gated[1:4]]
+    assert completed[3].kl_own_samples == offpolicy.kl_own_samples  # (b) ran again in an earlier test
 
 
 def test_gate_above_what_was_reached_fails_the_build_and_publishes_nothing(built, tmp_path):
@@ -436,7 +461,7 @@ def test_every_model_is_evaluated_for_grounding(built):
         assert 0 <= row.hallucination_rate <= 1 and 0 <= row.verdict_agreement <= 1
         assert row.notes["grounding"]["decision_source"] is None  # no scorer in this work directory
         assert math.isnan(row.decision_agreement)
-    checks = json.loads((recipe.resolved_work_dir() / "gen_onpolicy" / "grounding.json").read_text())
+    checks = json.loads((recipe.resolved_work_dir() / REPORT_STAGE / "grounding.json").read_text())
     assert len(checks["generator (a)+(b) on-policy"]) == pairs
     unseen = recipe.generator.evaluation.unseen_skill_prompts
     assert unseen and all(row.unseen_pairs == unseen for row in rows)
@@ -512,7 +537,7 @@ def test_the_publish_checks_full_matches_re_run_no_stage(tmp_path):
 
 def test_grounding_gates_fail_the_build(built):
     """The grounding gates judge the published graph's served row (``check_grounding_gates``); the PyTorch
-    student's own row fails them only when its grounding was not measured."""
+    student's own row fails them only when the recipe has no held-out pairs to measure them on."""
     recipe, _, rows, _ = built
     final = rows[-1]
     gates = recipe.generator.gates
@@ -530,8 +555,10 @@ def test_grounding_gates_fail_the_build(built):
         check_grounding_gates(settings, good)
         check_gates(settings, [*rows[:-1], bad])  # measured: the served row decides
         unmeasured = GeneratorRow.from_dict({**final.as_dict(), "grounding_pairs": 0, field: float("nan")})
+        check_gates(settings, [*rows[:-1], unmeasured])  # measured later: gen_report, the served row
+        no_pairs = settings.evaluation.model_copy(update={"grounding_prompts": 0})
         with pytest.raises(BuildError, match=next(iter(gate))):
-            check_gates(settings, [*rows[:-1], unmeasured])
+            check_gates(settings.model_copy(update={"evaluation": no_pairs}), [*rows[:-1], unmeasured])
 
 
 def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):

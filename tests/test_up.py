@@ -88,6 +88,9 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert ", sentence repeated " in output  # ... and how often a text says one sentence twice
     assert "; on 2 full matches: hallucination" in output  # ... and on the test split's full matches
     assert "| generator (a)+(b), published FP32 graph as served |" in output  # in the generator's table
+    # every model's grounding and speed (stage gen_report) come after the students serve, in a closing table
+    closing = output.index("Build (recipe tiny), the generator's stages:\n")
+    assert output.index("Sample explanation") < output.index("stage gen_report: running") < closing
 
     # 3. Again: everything is published from this recipe, so it serves at once, without a build.
     started = time.monotonic()

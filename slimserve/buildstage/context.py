@@ -127,6 +127,7 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
     "gen_prune": ("gen_teacher", lambda r: {"student": _dump(r.generator.student)}),
     "gen_offpolicy": ("gen_prune", lambda r: {"offpolicy": _generator_training(r, r.generator.offpolicy)}),
     "gen_onpolicy": ("gen_offpolicy", lambda r: {"onpolicy": _generator_training(r, r.generator.onpolicy)}),
+    "gen_report": ("gen_onpolicy", lambda r: {}),
 }
 
 
@@ -166,6 +167,7 @@ STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "gen_prune": ("gen_teacher",),
     "gen_offpolicy": ("gen_teacher", "gen_prune"),
     "gen_onpolicy": ("gen_teacher", "gen_offpolicy"),
+    "gen_report": ("gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy", "gen_onpolicy"),
 }
 
 

@@ -5,16 +5,21 @@ They run after the scorer's stages when the recipe has a ``generator:`` section,
 ``<work_dir>/<stage>/`` with the build's conventions (``config.json``, ``done.json`` written last, resumable
 checkpoints). The teacher is the original model (not the scorer's yes/no fine-tuned copy), fine-tuned on
 explanations written from each pair's facts (``data.explanations``) when ``finetune.enabled``; from then
-on the fine-tuned teacher is the teacher. Every model is evaluated on the same held-out prompts
-(test-split members), see ``compression.generator_eval``, and explains the same held-out pairs for the
-grounding evaluation (``evaluation.grounding``), checked at the end of every run with the scoring
-student's decisions when its stages are in the same work directory.
+on the fine-tuned teacher is the teacher. Every student is evaluated on the same held-out prompts
+(test-split members), see ``compression.generator_eval``: in its stage what a gate or the stage's line
+reads (KL on the teacher's text; on its own samples where the KL gate compares them). The rest only the
+stage table reads, so it runs in the report-only stage ``gen_report`` after the generator is published
+(``slimserve up`` serves it meanwhile): every model's decode speed, the pruned student's own samples,
+and every model's explanations of the same held-out pairs for the grounding evaluation
+(``evaluation.grounding``), checked with the scoring student's decisions when its stages are in the same
+work directory.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -35,13 +40,19 @@ log = logging.getLogger(__name__)
 
 GENERATOR_STAGES = ("gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy", "gen_onpolicy")
 FINAL_STAGE = GENERATOR_STAGES[-1]
+REPORT_STAGE = "gen_report"  # report-only: runs after the generator is published
 ROWS_FILE = "generator_rows.json"
-EXPLANATIONS_FILE = "explanations.json"  # held-out explanations per row: {stage label: [{key, text}]}
+EXPLANATIONS_FILE = "explanations.json"  # in gen_report: held-out explanations per row {label: [{key, text}]}
 FREE_PROMPT_KEY = "instruction"  # teacher-text key of a free instruction: instruction/<index>
 FREE_PROMPT_TEXT_SEED_OFFSET = 41  # the teacher text's free instructions: teacher_text.seed + this
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
 FINETUNE_SET_FILE = "finetune_set.json"  # the generator teacher's fine-tune texts: [{kind, text, ...}]
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
+STUDENT_ROWS = {  # stage -> the label of its student's row
+    "gen_prune": "generator pruned (osscar)",
+    "gen_offpolicy": "generator (a) off-policy",
+    "gen_onpolicy": "generator (a)+(b) on-policy",
+}
 
 
 @dataclass
@@ -56,11 +67,16 @@ class GeneratorContext:
     end_ids: list[int]
     source: str  # the teacher's name (recorded in the published bundle)
     device: str = "cpu"
+    load_original: Callable[[], object] | None = None  # the teacher as packaged; default: load_teacher
     _teacher: object = field(default=None, init=False, repr=False)
     _reference: object = field(default=None, init=False, repr=False)
     # The teacher's log-probs on its held-out text, per evaluation batch: computed by the first evaluation,
     # reused by every later one (the teacher and the text stay the same; a new teacher clears them).
     heldout_teacher_logprobs: list = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.load_original is None:
+            self.load_original = self.load_teacher
 
     @property
     def settings(self) -> GeneratorSettings:
@@ -180,56 +196,54 @@ def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> N
     atomic.write_text(path, json.dumps(texts, indent=1) + "\n")
 
 
-def _size_and_speed(ctx: GeneratorContext, row: GeneratorRow, model, prompt: list[int]) -> None:
-    from ..compression.generator_eval import decode_tokens_per_s
-
-    row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
-    if ctx.settings.evaluation.speed_tokens:
-        row.decode_tokens_per_s = decode_tokens_per_s(model, prompt, ctx.settings.evaluation.speed_tokens)
-
-
-def evaluate(ctx: GeneratorContext, stage: str, model, out: Path) -> GeneratorRow:
-    """Held-out figures of ``model``: on the teacher's text, on its own samples, size and decode speed;
-    its explanations of the grounding pairs are written to ``out``."""
-    from ..compression.generator_eval import evaluate_own_samples, evaluate_text
+def _own_samples(ctx: GeneratorContext, label: str, model, row: GeneratorRow) -> None:
+    """``row``'s KL to the teacher on ``model``'s own samples of the held-out prompts, and their length."""
+    from ..compression.generator_eval import evaluate_own_samples
 
     settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
-    reference = ctx.reference_teacher
-    with progress_bar(len(heldout.prompts), f"evaluate {stage} on teacher text") as bar:
+    sampling = Sampling(
+        settings.max_new_tokens,
+        settings.sample_temperature,
+        seed=ctx.settings.teacher_text.seed,
+        precision=ctx.settings.generation_precision,
+    )
+    with progress_bar(len(heldout.prompts), f"evaluate {label} on own samples") as bar:
+        own, samples = evaluate_own_samples(
+            model,
+            ctx.reference_teacher,
+            heldout.prompts,
+            sampling,
+            ctx.end_ids,
+            settings.decode_batch_size,
+            bar.update,
+        )
+    row.kl_own_samples = own.kl
+    row.own_sample_tokens = own.tokens / len(samples)
+
+
+def evaluate(ctx: GeneratorContext, label: str, model, own_samples: bool) -> GeneratorRow:
+    """What a gate or the stage's line reads of ``model``: its held-out figures on the teacher's text, its
+    size and, with ``own_samples``, its KL on its own samples (the rest of its row: ``run_report``)."""
+    from ..compression.generator_eval import evaluate_text
+
+    heldout, reference = ctx.text("heldout"), ctx.reference_teacher
+    with progress_bar(len(heldout.prompts), f"evaluate {label} on teacher text") as bar:
         text = evaluate_text(
             reference if model is ctx.teacher else model,  # the teacher against itself: KL 0
             reference,
             heldout.prompts,
             heldout.responses,
-            settings.batch_size,
+            ctx.settings.evaluation.batch_size,
             bar.update,
             ctx.heldout_teacher_logprobs,
         )
-    row = GeneratorRow(stage, text.loss, text.kl, text.top1_agreement, notes={"heldout_tokens": text.tokens})
+    row = GeneratorRow(label, text.loss, text.kl, text.top1_agreement, notes={"heldout_tokens": text.tokens})
     if model is ctx.teacher:
         row.kl_own_samples = 0.0
-    else:
-        sampling = Sampling(
-            settings.max_new_tokens,
-            settings.sample_temperature,
-            seed=ctx.settings.teacher_text.seed,
-            precision=ctx.settings.generation_precision,
-        )
-        with progress_bar(len(heldout.prompts), f"evaluate {stage} on own samples") as bar:
-            own, samples = evaluate_own_samples(
-                model,
-                reference,
-                heldout.prompts,
-                sampling,
-                ctx.end_ids,
-                settings.decode_batch_size,
-                bar.update,
-            )
-        row.kl_own_samples = own.kl
-        row.own_sample_tokens = own.tokens / len(samples)
-    _size_and_speed(ctx, row, model, heldout.prompts[0])
-    write_explanations(ctx, stage, model, out)
-    log.info("generator %s: %s", stage, row.as_dict())
+    elif own_samples:
+        _own_samples(ctx, label, model, row)
+    row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
+    log.info("generator %s: %s", label, row.as_dict())
     return row
 
 
@@ -300,17 +314,15 @@ def finetune_set(ctx: GeneratorContext, teacher) -> tuple[list[list[int]], list[
 
 
 def run_finetune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
-    """Measure the teacher as loaded (grounding, size, speed), then fine-tune it on the written
-    explanations (and its own answers to free instructions); the result is the teacher from now on."""
-    from ..compression.generator_data import explain_prompts
+    """Fine-tune the teacher on the written explanations (and its own answers to free instructions); the
+    result is the teacher from now on. The row is the teacher as loaded (its size here; its grounding and
+    speed: ``run_report``)."""
     from ..compression.generator_finetune import finetune_on_answers
 
     teacher = ctx.teacher
     nan = float("nan")
     row = GeneratorRow(ZERO_SHOT_ROW, nan, nan, nan)
-    probe = explain_prompts(ctx.data.examples["test"][:1], ctx.tokenizer_file, 512)[0]
-    _size_and_speed(ctx, row, teacher, probe)
-    write_explanations(ctx, ZERO_SHOT_ROW, teacher, out)
+    row.parameters, row.embedding_parameters = artifacts.parameter_counts(teacher)
     prompts, answers, records = finetune_set(ctx, teacher)
     (out / FINETUNE_SET_FILE).write_text(json.dumps(records, indent=1) + "\n")
     settings = ctx.settings.finetune
@@ -368,7 +380,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
                 ctx.teacher, prompts, sampling, ctx.end_ids, settings.batch_size, top_k, bar.update
             )
         TeacherText(keys, prompts, generated).save(out, name, ctx.decode)
-    return [evaluate(ctx, ctx.teacher_label, ctx.teacher, out)]
+    return [evaluate(ctx, ctx.teacher_label, ctx.teacher, own_samples=False)]
 
 
 def _calibration(ctx: GeneratorContext) -> list:
@@ -399,7 +411,7 @@ def run_prune(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     pruned = pruned.to(ctx.device)
     (out / "prune_report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
     _save_model(ctx, pruned, out)
-    return [evaluate(ctx, "generator pruned (osscar)", pruned, out)]
+    return [evaluate(ctx, STUDENT_ROWS["gen_prune"], pruned, own_samples=False)]  # its samples: the report
 
 
 def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
@@ -412,7 +424,7 @@ def run_offpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
         student, ctx.text("train"), settings.train, out / "checkpoint.pt", settings.precision
     )
     _save_model(ctx, student, out)
-    row = evaluate(ctx, "generator (a) off-policy", student, out)
+    row = evaluate(ctx, STUDENT_ROWS["gen_offpolicy"], student, own_samples=True)  # the KL gate's base
     row.notes["train"] = report.as_dict()
     return [row]
 
@@ -451,7 +463,7 @@ def run_onpolicy(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     summary = {"batches": sampled.batches, "sampled_tokens": sampled.sampled_tokens, "ended": sampled.ended}
     (out / "onpolicy_samples.json").write_text(json.dumps({**summary, "samples": sampled.samples}) + "\n")
     _save_model(ctx, student, out)
-    row = evaluate(ctx, "generator (a)+(b) on-policy", student, out)
+    row = evaluate(ctx, STUDENT_ROWS["gen_onpolicy"], student, own_samples=True)
     row.notes.update(train=report.as_dict(), onpolicy=summary)
     return [row]
 
@@ -465,6 +477,47 @@ RUNNERS: dict[str, Callable[[GeneratorContext, Path], list[GeneratorRow]]] = {
 }
 
 
+def report_models(ctx: GeneratorContext) -> list[tuple[str, str, Callable[[], object]]]:
+    """(stage, row label, loader) of every model of the generator table, in its order: the teacher as
+    packaged (when it is fine-tuned), the teacher, each stage's student."""
+    models = [(ZERO_SHOT_ROW, ctx.load_original)] if ctx.settings.finetune.enabled else []
+    models.append((ctx.teacher_label, lambda: ctx.teacher))
+    models += [(label, partial(ctx.load_student, stage)) for stage, label in STUDENT_ROWS.items()]
+    return models
+
+
+def run_report(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
+    """The report-only stage ``gen_report``: for every model of the generator table, its decode speed and
+    its explanations of the grounding pairs (to ``out``); the pruned student's KL on its own samples (no
+    gate reads it). A row each, with those figures only (``complete_rows`` merges them)."""
+    from ..compression.generator_eval import decode_tokens_per_s
+
+    nan, probe = float("nan"), ctx.text("heldout").prompts[0]
+    rows = []
+    for label, load in report_models(ctx):
+        model = load()
+        row = GeneratorRow(label, nan, nan, nan)
+        if label == STUDENT_ROWS["gen_prune"]:
+            _own_samples(ctx, label, model, row)
+        if ctx.settings.evaluation.speed_tokens:
+            row.decode_tokens_per_s = decode_tokens_per_s(model, probe, ctx.settings.evaluation.speed_tokens)
+        write_explanations(ctx, label, model, out)
+        rows.append(row)
+    return rows
+
+
+def complete_rows(rows: list[GeneratorRow], measured: list[GeneratorRow]) -> None:
+    """Fill ``rows`` with the figures ``run_report`` ``measured`` of the same models."""
+    by_label = {r.stage: r for r in measured}
+    for row in rows:
+        found = by_label.get(row.stage)
+        if found is None:
+            continue
+        row.decode_tokens_per_s = found.decode_tokens_per_s
+        if math.isnan(row.kl_own_samples):
+            row.kl_own_samples, row.own_sample_tokens = found.kl_own_samples, found.own_sample_tokens
+
+
 def _gate_failed(stage: str, what: str, gate: str) -> BuildError:
     return BuildError(
         f"quality gate failed at stage {stage!r}: {what} (generator.gates.{gate}); nothing was published"
@@ -474,8 +527,8 @@ def _gate_failed(stage: str, what: str, gate: str) -> BuildError:
 def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
     """Raise ``BuildError`` when the final generator misses a KL gate of the recipe. Its grounding gates
     apply to the published graph as served (``generator_served.served_check``: the graph, its head and the
-    engine's name copying are what Explain serves); here they fail only a student whose grounding was
-    not measured (no held-out pairs to explain)."""
+    engine's name copying are what Explain serves); here they fail only a recipe that gives
+    them no held-out pairs to measure."""
     gates = settings.gates
     by_stage = {r.stage: r for r in rows}
     offpolicy, final = by_stage["generator (a) off-policy"], rows[-1]
@@ -493,7 +546,7 @@ def check_gates(settings: GeneratorSettings, rows: list[GeneratorRow]) -> None:
             f"top-1 agreement with the teacher {final.top1_agreement:.4f} is below {gates.min_top1_agreement:.4f}",
             "min_top1_agreement",
         )
-    if not final.grounding_pairs:
+    if not settings.evaluation.grounding_prompts:  # else they gate the published graph as served
         check_grounding_gates(settings, final)
 
 
@@ -548,29 +601,28 @@ def scorer_decisions(ctx: GeneratorContext, examples: list) -> tuple[list[bool] 
     return [bool(logits[i, 0] - logits[i, 1] > 0) for i in rows], "redistill (pruned + re-distilled scorer)"
 
 
-def attach_grounding(ctx: GeneratorContext, stage_rows: dict[str, list[GeneratorRow]]) -> None:
-    """Check every row's held-out explanations against the pairs' facts (and the scorer's decisions),
-    and its explanations of the pairs renamed to unseen skills: fills the rows' grounding figures and
-    writes each stage's ``grounding.json``."""
+def attach_grounding(ctx: GeneratorContext, rows: list[GeneratorRow]) -> None:
+    """Check every row's held-out explanations (``gen_report``'s) against the pairs' facts (and the
+    scorer's decisions), and its explanations of the pairs renamed to unseen skills: fills the rows'
+    grounding figures and writes the per-pair checks to ``gen_report/grounding.json``."""
     examples = ctx.grounding_examples()
     if not examples:
         return
     decisions, source = scorer_decisions(ctx, examples)
     unseen = ctx.unseen_skill_examples()
-    for stage, rows in stage_rows.items():
-        path = ctx.work / stage / EXPLANATIONS_FILE
-        texts = json.loads(path.read_text()) if path.is_file() else {}
-        checks_out = {}
-        for row in rows:
-            summary = _grounding_of(texts.get(row.stage, []), examples, decisions, checks_out, row.stage)
-            if summary is not None:
-                row.set_grounding(summary, source if decisions is not None else None)
-            label = row.stage + UNSEEN
-            summary = _grounding_of(texts.get(label, []), unseen, None, checks_out, label) if unseen else None
-            if summary is not None:
-                row.set_unseen_grounding(summary)
-        if checks_out:
-            atomic.write_text(ctx.work / stage / GROUNDING_FILE, json.dumps(checks_out, indent=1) + "\n")
+    path = ctx.work / REPORT_STAGE / EXPLANATIONS_FILE
+    texts = json.loads(path.read_text()) if path.is_file() else {}
+    checks_out = {}
+    for row in rows:
+        summary = _grounding_of(texts.get(row.stage, []), examples, decisions, checks_out, row.stage)
+        if summary is not None:
+            row.set_grounding(summary, source if decisions is not None else None)
+        label = row.stage + UNSEEN
+        summary = _grounding_of(texts.get(label, []), unseen, None, checks_out, label) if unseen else None
+        if summary is not None:
+            row.set_unseen_grounding(summary)
+    if checks_out:
+        atomic.write_text(path.parent / GROUNDING_FILE, json.dumps(checks_out, indent=1) + "\n")
 
 
 def _grounding_of(written: list[dict], examples: list, decisions, checks_out: dict, label: str):
@@ -610,22 +662,34 @@ def load_rows(stage_dir: Path, name: str = ROWS_FILE) -> list[GeneratorRow]:
     return [GeneratorRow.from_dict(d) for d in json.loads((stage_dir / name).read_text())]
 
 
-def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
-    """Run (or skip, when done with the same settings) every generator stage, check the grounding of
-    every model's held-out explanations, then the gates."""
-    stages = StageRunner(
+def _stage_runner(ctx: GeneratorContext, seconds: dict[str, float]) -> StageRunner:
+    return StageRunner(
         ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=_quality, inputs=stage_inputs
     )
-    by_stage: dict[str, list[GeneratorRow]] = {}
+
+
+def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
+    """Run (or skip, when done with the same settings) every generator stage, then check the KL gates.
+    The rows lack what only the report reads until ``report_generator`` completes them."""
+    stages = _stage_runner(ctx, seconds)
+    rows: list[GeneratorRow] = []
     for stage in active_stages(ctx.settings):
         stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))
-        by_stage[stage] = load_rows(ctx.work / stage)  # as saved, whether run now or before
+        rows += load_rows(ctx.work / stage)  # as saved, whether run now or before
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
             ctx.replace_teacher(lambda: ctx.load_student("gen_finetune").eval())
-    attach_grounding(ctx, by_stage)
-    rows = [row for stage_rows in by_stage.values() for row in stage_rows]
     check_gates(ctx.settings, rows)
     return rows
+
+
+def report_generator(ctx: GeneratorContext, seconds: dict[str, float], rows: list[GeneratorRow]) -> None:
+    """Run (or skip) the report-only stage ``gen_report`` after ``run_generator``; complete its ``rows``
+    with the stage's figures and every model's grounding."""
+    measured = _stage_runner(ctx, seconds).run(
+        REPORT_STAGE, stage_config(ctx.recipe, REPORT_STAGE), partial(run_report, ctx)
+    )
+    complete_rows(rows, measured)
+    attach_grounding(ctx, rows)
 
 
 def final_model_dir(recipe: Recipe) -> Path:
@@ -705,6 +769,9 @@ def standalone_context(recipe: Recipe) -> GeneratorContext:
 
 
 def build_generator_only(recipe: Recipe) -> list[GeneratorRow]:
-    """Run only the generator stages of ``recipe`` (no scorer, nothing published), e.g. to measure them;
-    ``generator_table(rows)`` (``evaluation.generator_report``) prints the result."""
-    return run_generator(standalone_context(recipe), {})
+    """Run only the generator stages of ``recipe`` and their report (no scorer, nothing published), e.g.
+    to measure them; ``generator_table(rows)`` (``evaluation.generator_report``) prints the result."""
+    ctx, seconds = standalone_context(recipe), {}
+    rows = run_generator(ctx, seconds)
+    report_generator(ctx, seconds, rows)
+    return rows

@@ -220,8 +220,8 @@ def _report_and_publish(
 
     With ``callbacks`` = (on_scorer_published, on_generator_published): publish the scorer first, call
     the first, run the generator stages, publish the generator, call the second, then run the
-    report-only stages and rewrite the report (they only fill the report's table, so the services do
-    not wait for them). A model published before from the same recipe and still the repository's
+    report-only stages (the scorer's and ``gen_report``) and rewrite the report (they only fill the
+    report's tables, so the services do not wait for them). A model published before from the same recipe and still the repository's
     latest is kept rather than published again when none of its stages ran."""
     on_scorer_published, on_generator_published = callbacks
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
@@ -248,9 +248,14 @@ def _report_and_publish(
         if generator is not None:
             result.generator_rows = generator_stages.run_generator(generator, seconds)
 
+    def report_generator() -> None:
+        if generator is not None:
+            generator_stages.report_generator(generator, seconds, result.generator_rows)
+
     if on_scorer_published is None:  # everything measured and gated before anything is published
         fill_report(rows)
         run_generator()
+        report_generator()
         publish_scorer()
         publish_generator()
         if result.generator_published is not None:
@@ -263,6 +268,7 @@ def _report_and_publish(
     if on_generator_published is not None:
         on_generator_published(result)
     fill_report(rows)
+    report_generator()
     _write_report(recipe, result, command)
     return result
 
