@@ -91,6 +91,7 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     # every model's grounding and speed (stage gen_report) come after the students serve, in a closing table
     closing = output.index("Build (recipe tiny), the generator's stages:\n")
     assert output.index("Sample explanation") < output.index("stage gen_report: running") < closing
+    assert "stage gen_report: finished in" in output and "5 models' explanations and decode speeds" in output
 
     # 3. Again: everything is published from this recipe, so it serves at once, without a build.
     started = time.monotonic()

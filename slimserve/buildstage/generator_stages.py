@@ -662,9 +662,14 @@ def load_rows(stage_dir: Path, name: str = ROWS_FILE) -> list[GeneratorRow]:
     return [GeneratorRow.from_dict(d) for d in json.loads((stage_dir / name).read_text())]
 
 
-def _stage_runner(ctx: GeneratorContext, seconds: dict[str, float]) -> StageRunner:
+def _report_quality(rows: list[GeneratorRow]) -> str:
+    """The closing words of ``gen_report``'s line."""
+    return f": {len(rows)} models' explanations and decode speeds (their grounding: the generator table)"
+
+
+def _stage_runner(ctx: GeneratorContext, seconds: dict[str, float], quality=_quality) -> StageRunner:
     return StageRunner(
-        ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=_quality, inputs=stage_inputs
+        ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=quality, inputs=stage_inputs
     )
 
 
@@ -685,7 +690,7 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
 def report_generator(ctx: GeneratorContext, seconds: dict[str, float], rows: list[GeneratorRow]) -> None:
     """Run (or skip) the report-only stage ``gen_report`` after ``run_generator``; complete its ``rows``
     with the stage's figures and every model's grounding."""
-    measured = _stage_runner(ctx, seconds).run(
+    measured = _stage_runner(ctx, seconds, _report_quality).run(
         REPORT_STAGE, stage_config(ctx.recipe, REPORT_STAGE), partial(run_report, ctx)
     )
     complete_rows(rows, measured)
