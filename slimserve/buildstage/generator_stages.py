@@ -477,9 +477,9 @@ RUNNERS: dict[str, Callable[[GeneratorContext, Path], list[GeneratorRow]]] = {
 }
 
 
-def report_models(ctx: GeneratorContext) -> list[tuple[str, str, Callable[[], object]]]:
-    """(stage, row label, loader) of every model of the generator table, in its order: the teacher as
-    packaged (when it is fine-tuned), the teacher, each stage's student."""
+def report_models(ctx: GeneratorContext) -> list[tuple[str, Callable[[], object]]]:
+    """(row label, loader) of every model of the generator table, in its order: the teacher as packaged
+    (when it is fine-tuned), the teacher, each stage's student."""
     models = [(ZERO_SHOT_ROW, ctx.load_original)] if ctx.settings.finetune.enabled else []
     models.append((ctx.teacher_label, lambda: ctx.teacher))
     models += [(label, partial(ctx.load_student, stage)) for stage, label in STUDENT_ROWS.items()]
