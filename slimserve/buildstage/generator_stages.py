@@ -67,7 +67,7 @@ class GeneratorContext:
     end_ids: list[int]
     source: str  # the teacher's name (recorded in the published bundle)
     device: str = "cpu"
-    load_original: Callable[[], object] | None = None  # the teacher as packaged; default: load_teacher
+    load_original: Callable[[], object] = field(init=False, repr=False)  # the teacher as packaged
     _teacher: object = field(default=None, init=False, repr=False)
     _reference: object = field(default=None, init=False, repr=False)
     # The teacher's log-probs on its held-out text, per evaluation batch: computed by the first evaluation,
@@ -75,8 +75,7 @@ class GeneratorContext:
     heldout_teacher_logprobs: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.load_original is None:
-            self.load_original = self.load_teacher
+        self.load_original = self.load_teacher  # kept: ``replace_teacher`` changes ``load_teacher``
 
     @property
     def settings(self) -> GeneratorSettings:
@@ -196,11 +195,11 @@ def write_explanations(ctx: GeneratorContext, label: str, model, out: Path) -> N
     atomic.write_text(path, json.dumps(texts, indent=1) + "\n")
 
 
-def _own_samples(ctx: GeneratorContext, label: str, model, row: GeneratorRow) -> None:
-    """``row``'s KL to the teacher on ``model``'s own samples of the held-out prompts, and their length."""
+def _own_samples(ctx: GeneratorContext, label: str, model, row: GeneratorRow, heldout: TeacherText) -> None:
+    """``row``'s KL to the teacher on ``model``'s own samples of the ``heldout`` prompts, and their length."""
     from ..compression.generator_eval import evaluate_own_samples
 
-    settings, heldout = ctx.settings.evaluation, ctx.text("heldout")
+    settings = ctx.settings.evaluation
     sampling = Sampling(
         settings.max_new_tokens,
         settings.sample_temperature,
@@ -241,7 +240,7 @@ def evaluate(ctx: GeneratorContext, label: str, model, own_samples: bool) -> Gen
     if model is ctx.teacher:
         row.kl_own_samples = 0.0
     elif own_samples:
-        _own_samples(ctx, label, model, row)
+        _own_samples(ctx, label, model, row, heldout)
     row.parameters, row.embedding_parameters = artifacts.parameter_counts(model)
     log.info("generator %s: %s", label, row.as_dict())
     return row
@@ -492,15 +491,17 @@ def run_report(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
     gate reads it). A row each, with those figures only (``complete_rows`` merges them)."""
     from ..compression.generator_eval import decode_tokens_per_s
 
-    nan, probe = float("nan"), ctx.text("heldout").prompts[0]
+    nan, heldout = float("nan"), ctx.text("heldout")
     rows = []
     for label, load in report_models(ctx):
         model = load()
         row = GeneratorRow(label, nan, nan, nan)
         if label == STUDENT_ROWS["gen_prune"]:
-            _own_samples(ctx, label, model, row)
+            _own_samples(ctx, label, model, row, heldout)
         if ctx.settings.evaluation.speed_tokens:
-            row.decode_tokens_per_s = decode_tokens_per_s(model, probe, ctx.settings.evaluation.speed_tokens)
+            row.decode_tokens_per_s = decode_tokens_per_s(
+                model, heldout.prompts[0], ctx.settings.evaluation.speed_tokens
+            )
         write_explanations(ctx, label, model, out)
         rows.append(row)
     return rows

@@ -221,8 +221,9 @@ def _report_and_publish(
     With ``callbacks`` = (on_scorer_published, on_generator_published): publish the scorer first, call
     the first, run the generator stages, publish the generator, call the second, then run the
     report-only stages (the scorer's and ``gen_report``) and rewrite the report (they only fill the
-    report's tables, so the services do not wait for them). A model published before from the same recipe and still the repository's
-    latest is kept rather than published again when none of its stages ran."""
+    report's tables, so the services do not wait for them). A model published before from the same
+    recipe and still the repository's latest is kept rather than published again when none of its
+    stages ran."""
     on_scorer_published, on_generator_published = callbacks
     result = BuildResult(rows, data.bayes_optimal_auc, seconds=seconds)
     scorer_ran = bool(set(seconds) - {"data", *REPORT_ONLY_STAGES})
