@@ -183,9 +183,14 @@ def render_scoring_prompt(member: Member, item: Item, version: str = SCORING_TEM
 # repeat, give way to the item's title and company) and states a full match, or a pair with none of the
 # skills, in one line ("all 3 required") instead of a count and a list of "none", which a small student
 # copied into a false gap ("but you would need none of them"). Shorter prompts are cheaper to train on
-# and to attend to at every decode step. The older versions are still served.
-EXPLAIN_TEMPLATE_VERSION = "explain-v4"
-OLDER_EXPLAIN_TEMPLATES = ("explain-v3", "explain-v2", "explain-v1")
+# and to attend to at every decode step. ``explain-v5`` moves that line's count behind its list ("python
+# and sql (all 2 required)", not "all 2 required (python and sql)"): after "(" the list's first name
+# tokenizes without its leading space ("negot", "iation"), unlike every name the answer writes
+# (" negotiation"), and the student, which must then translate the name instead of copying its tokens,
+# wrote "liaiation". The older versions are still served.
+EXPLAIN_TEMPLATE_VERSION = "explain-v5"
+OLDER_EXPLAIN_TEMPLATES = ("explain-v4", "explain-v3", "explain-v2", "explain-v1")
+_ONE_LINE_SKILL_TEMPLATES = ("explain-v4", "explain-v5")
 SERVED_EXPLAIN_TEMPLATES = (EXPLAIN_TEMPLATE_VERSION, *OLDER_EXPLAIN_TEMPLATES)
 EXPLAIN_SYSTEM_PROMPT = "You are a helpful career assistant."
 END_OF_TURN = "<|im_end|>"
@@ -245,12 +250,14 @@ def _skill_facts(f: PairFacts, version: str) -> list[str]:
     required = len(f.shared_skills) + len(f.missing_skills)
     if not required:
         return ["- required skills: none listed"]
-    if version != "explain-v3" and not (f.shared_skills and f.missing_skills):  # from explain-v4 on
+    if version in _ONE_LINE_SKILL_TEMPLATES and not (f.shared_skills and f.missing_skills):
         has_all = not f.missing_skills
         which = "has" if has_all else "lacks"
         every = "the one required" if required == 1 else f"all {required} required"
         listed = _spoken_list(f.shared_skills if has_all else f.missing_skills)
-        return [f"- skills the member {which}: {every} ({listed})"]
+        if version == "explain-v4":
+            return [f"- skills the member {which}: {every} ({listed})"]
+        return [f"- skills the member {which}: {listed} ({every})"]
     return [
         f"- skills the member has ({len(f.shared_skills)} of {required} required): "
         f"{_spoken_list(f.shared_skills)}",
@@ -260,7 +267,7 @@ def _skill_facts(f: PairFacts, version: str) -> list[str]:
 
 
 def render_facts(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
-    """The facts block of an ``explain-v2``..``explain-v4`` prompt: what ``pair_facts`` computes, one
+    """The facts block of an ``explain-v2``..``explain-v5`` prompt: what ``pair_facts`` computes, one
     fact a line."""
     f = pair_facts(member, item)
     listed = _listed if version == "explain-v2" else _spoken_list
@@ -286,9 +293,9 @@ def _first_line(text: str) -> str:
 def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TEMPLATE_VERSION) -> str:
     """The user message asking for a short explanation of why ``item`` suits ``member`` (or does not).
 
-    ``explain-v4``: the item's title and company, the pair's facts (``render_facts``) and a short
-    instruction. ``explain-v3``/``explain-v2``: the member's first profile line, the item's first line,
-    the facts and the instruction. ``explain-v1``: the whole profile and item, no facts.
+    ``explain-v5``/``explain-v4``: the item's title and company, the pair's facts (``render_facts``) and a
+    short instruction. ``explain-v3``/``explain-v2``: the member's first profile line, the item's first
+    line, the facts and the instruction. ``explain-v1``: the whole profile and item, no facts.
     """
     kind = _KIND_TEXT[item.kind]
     if version == "explain-v1":
@@ -302,7 +309,7 @@ def render_explain_request(member: Member, item: Item, version: str = EXPLAIN_TE
         raise ValueError(
             f"unknown explain template {version!r}; known: {', '.join(SERVED_EXPLAIN_TEMPLATES)}"
         )
-    if version == "explain-v4":
+    if version in _ONE_LINE_SKILL_TEMPLATES:
         return (
             f"{kind.capitalize()}: {item.title or 'untitled'} at {item.company or 'unknown company'}\n"
             f"{render_facts(member, item, version)}"

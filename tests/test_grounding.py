@@ -3,6 +3,7 @@ hand-written good and bad explanations."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -139,11 +140,29 @@ def test_explain_prompt_states_the_computed_facts_and_only_the_pairs_terms():
 def test_explain_prompt_states_a_full_match_or_no_match_in_one_line_without_a_list_of_none():
     full = render_explain_request(MEMBER, item(required_skills=["python", "sql"]))
     assert full.startswith("Job: Software Engineer at Globex Corporation\nFacts:\n")
-    assert "- skills the member has: all 2 required (python and sql)\n" in full
+    assert "- skills the member has: python and sql (all 2 required)\n" in full
     assert "lacks" not in full and "none" not in full.lower()
     no_match = render_explain_request(MEMBER, item(required_skills=["kubernetes"]))
-    assert "- skills the member lacks: the one required (kubernetes)\n" in no_match
+    assert "- skills the member lacks: kubernetes (the one required)\n" in no_match
     assert "skills the member has" not in no_match
+    v4 = render_explain_request(MEMBER, item(required_skills=["kubernetes"]), "explain-v4")  # still served
+    assert "- skills the member lacks: the one required (kubernetes)\n" in v4
+
+
+def test_explain_prompt_spells_every_listed_skill_as_the_answer_writes_it():
+    """Each skill's tokens in the prompt are the tokens an answer writes (its leading space included), so
+    the student copies them: after "(" the first name of a list lost its space ("negot", "iation")."""
+    from slimserve.models.teacher import default_tokenizer_file
+    from slimserve.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(default_tokenizer_file())
+    for skills in (["negotiation", "lead generation", "salesforce"], ["python", "sql"], ["kubernetes"]):
+        for member_skills in ((), tuple(skills)):  # none of them, all of them
+            member = dataclasses.replace(MEMBER, skills=member_skills)
+            prompt = tokenizer.encode(render_explain_request(member, item(required_skills=skills))).ids
+            for skill in skills:
+                written = tokenizer.encode(f" {skill}").ids
+                assert any(prompt[i : i + len(written)] == written for i in range(len(prompt))), skill
 
 
 def test_explain_prompt_versions(pairs):
@@ -152,7 +171,8 @@ def test_explain_prompt_versions(pairs):
         assert f"- verdict: {verdict_for(member, item_)}\n" in prompt
         facts = pair_facts(member, item_)
         for skills in (facts.shared_skills, facts.missing_skills):  # the lists as explanations say them
-            assert not skills or f"{join_words(skills)}\n" in prompt or f"({join_words(skills)})\n" in prompt
+            listed = f": {join_words(skills)}"
+            assert not skills or f"{listed}\n" in prompt or f"{listed} (all " in prompt or f"{listed} (the " in prompt
         assert "Member:" not in prompt and len(prompt) < len(
             render_explain_request(member, item_, "explain-v3")
         )
