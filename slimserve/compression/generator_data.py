@@ -156,18 +156,17 @@ def generate(
     from ``sampling.seed`` and its position, so the result does not depend on anything but the inputs."""
     from transformers import GenerationConfig
 
-    from .token_sampling import sampling_processors
-
-    config = GenerationConfig(  # greedy: a sampled draw is a processor's (``token_sampling``)
+    sample = sampling.temperature > 0
+    config = GenerationConfig(
         max_new_tokens=sampling.max_new_tokens,
-        do_sample=False,
+        do_sample=sample,
+        temperature=sampling.temperature if sample else None,
+        top_p=sampling.top_p if sample else None,
+        top_k=0 if sample else None,
         pad_token_id=end_ids[-1],
         eos_token_id=list(end_ids),
-        output_logits=top_k is not None,  # the raw logits, before any processor
+        output_logits=top_k is not None,
         return_dict_in_generate=True,
-    )
-    processors = (
-        sampling_processors(sampling.temperature, sampling.top_p) if sampling.temperature > 0 else None
     )
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     responses: list[list[int]] = [[] for _ in prompts]
@@ -181,10 +180,7 @@ def generate(
             ids, mask = pad_left([prompts[i] for i in chunk], end_ids[-1])
             torch.manual_seed(sampling.seed * 100_003 + number)
             out = decoder.generate(
-                input_ids=ids.to(model.device),
-                attention_mask=mask.to(model.device),
-                generation_config=config,
-                logits_processor=processors,
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
             )
             new = out.sequences[:, ids.shape[1] :].cpu()
             for row, index in enumerate(chunk):
