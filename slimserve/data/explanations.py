@@ -3,7 +3,7 @@
 The generator teacher is fine-tuned on these before it is distilled (docs/generator-build.md), so the
 student learns to explain a recommendation from what the profile and the item actually say. Pure Python.
 The facts and the verdict rule live in ``slimserve.pair_facts`` (the reasoning service states them in
-the ``explain-v5`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
+the ``explain-v4`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
 and 12% engaged; docs/generator-build.md).
 
 **Wording** (``write_explanation``): the verdict sentence, then the skills sentence (always second, so a
@@ -12,8 +12,7 @@ prompt states them; every fact has several phrasings, all drawn from a seeded ``
 is fixed because with a shuffled one the fine-tuned teacher, and the student after it, lost track of what
 they had said and stated a fact twice (docs/generator-build.md). The text names only the pair's
 own skills, companies, cities and industries; ``evaluation.grounding`` checks exactly that. The activity
-is mentioned only when it concerns the item's company or industry. No name follows "(": there it would
-be tokenized without the space before it, unlike in the prompt, and a small student copies tokens.
+is mentioned only when it concerns the item's company or industry.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ from ..schema import ActivityKind, Item, Member
 from . import vocab
 
 # The writer's version: a build's generator stages depend on it (a new one re-runs them). 2: no "a step
-# up from <your level>" wording; 3: "an" before a vowel ("an Accountant role"); 4: no name after "(" ("none
-# of the required skills: A, B and C"): the student wrote "(alyx" for the prompt's " alteryx".
-WRITER_VERSION = 4
+# up from <your level>" wording; 3: "an" before a vowel ("an Accountant role").
+WRITER_VERSION = 3
 
 
 def _steps(n: int) -> str:
@@ -72,14 +70,14 @@ def _skills_sentence(rng: random.Random, f: PairFacts) -> str:
             (
                 f"You have every skill it asks for: {shared}.",
                 f"Your skills cover the whole list: {shared}.",
-                f"All of the required skills are on your profile: {shared}.",
+                f"All of the required skills are on your profile ({shared}).",
                 f"You already know {shared}, all that the {f.kind} requires.",
             )
         )
     if not f.shared_skills:
         return rng.choice(
             (
-                f"You have none of the required skills: {missing}.",
+                f"You have none of the required skills ({missing}).",
                 f"The {f.kind} asks for {missing}, none of which are on your profile.",
                 f"None of your skills match: it needs {missing}.",
                 f"Your profile lists none of {missing}.",
@@ -187,7 +185,7 @@ def _activity_sentence(rng: random.Random, f: PairFacts) -> str | None:
     return rng.choice(
         (
             f"You recently {rng.choice(verbs)} {article} {a.item_title} role in {a.industry}.",
-            f"Your recent activity: you {rng.choice(verbs)} {a.item_title} in {a.industry}.",
+            f"Your recent activity: you {rng.choice(verbs)} {a.item_title} ({a.industry}).",
         )
     )
 

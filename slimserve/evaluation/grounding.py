@@ -118,7 +118,7 @@ _LOCATION_CLAIMS = (
     ),
 )
 # "you <verb> (a) <Title> (role) (in <industry> | at <company> | (<industry>))": the writer's activity
-# sentences (the last, of writer 3 and older); the title is the run of capitalised words.
+# sentences; the title is the run of capitalised words.
 _ACTIVITY = re.compile(
     r"\b(dismissed|passed on|engaged with|looked at)\s+(?:an?\s+)?([A-Z][\w&/+-]*(?:\s+[A-Z][\w&/+-]*)*)"
     r"(?:\s+role)?(?:\s+in\s+([^.;,()]+)|\s+at\s+([^.;,()]+)|\s*\(([^)]*)\))?"
