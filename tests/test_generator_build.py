@@ -578,15 +578,20 @@ def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
     assert all(stage_config(recipe, s) != stage_config(off_recipe, s) for s in GENERATOR_STAGES)
 
 
-def test_renaming_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
-    """``renamed_share``, ``invented_share``, ``full_match_copies`` and ``free_prompts`` only choose the distillation
-    prompts: changing one keeps the fine-tuned teacher and re-runs every stage from its text on."""
+def test_teacher_text_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
+    """The distillation prompts' settings (how many, renamed, copied) and the text's decoding: changing one
+    keeps the fine-tuned teacher and re-runs every stage from its text on; so does an evaluation setting."""
     recipe = tiny_recipe(tmp_path)
+    base = recipe.generator.teacher_text
     changes = (
         ("renamed_share", 0.25),
         ("invented_share", 0.75),
         ("full_match_copies", 3),
         ("free_prompts", 9),
+        ("prompts", base.prompts + 1),
+        ("heldout_prompts", base.heldout_prompts + 1),
+        ("top_k", base.top_k + 1),
+        ("max_new_tokens", base.max_new_tokens + 1),
     )
     for field, value in changes:
         text = recipe.generator.teacher_text.model_copy(update={field: value})
@@ -595,3 +600,16 @@ def test_renaming_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_path):
         )
         same = [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
         assert same == [True, False, False, False, False], field
+    evaluation = recipe.generator.evaluation.model_copy(update={"sample_temperature": 0.5})
+    other = recipe.model_copy(
+        update={"generator": recipe.generator.model_copy(update={"evaluation": evaluation})}
+    )
+    same = [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
+    assert same == [True, False, False, False, False]
+    finetune = recipe.generator.finetune.model_copy(
+        update={"examples": recipe.generator.finetune.examples + 1}
+    )
+    other = recipe.model_copy(
+        update={"generator": recipe.generator.model_copy(update={"finetune": finetune})}
+    )
+    assert stage_config(other, "gen_finetune") != stage_config(recipe, "gen_finetune")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slimserve.compression import generator_distill, trainer
-from slimserve.compression.generator_data import Generated, Sampling, TeacherText, decode_batches
+from slimserve.compression.generator_data import Generated, Sampling, TeacherText
 from slimserve.compression.generator_distill import (
     TRAINING_ATTENTION,
     OnPolicySettings,
@@ -114,11 +114,3 @@ def test_the_trainer_runs_adamw_fused_on_the_cpu(monkeypatch):
     weight = torch.nn.Parameter(torch.ones(3))
     trainer.train([weight], lambda epoch: [0, 1], lambda _: (weight * 2).sum(), TrainConfig(lr=0.1))
     assert made[0]["fused"] is True and not torch.equal(weight.detach(), torch.ones(3))
-
-
-def test_a_small_last_decode_batch_joins_the_one_before():
-    assert decode_batches(34, 32) == [(0, 34)]  # 2 rows would cost a 32-row batch's time again
-    assert decode_batches(48, 32) == [(0, 32), (32, 48)]
-    assert decode_batches(96, 32) == [(0, 32), (32, 64), (64, 96)]
-    assert decode_batches(39, 32) == [(0, 39)] and decode_batches(40, 32) == [(0, 32), (32, 40)]
-    assert decode_batches(5, 32) == [(0, 5)] and decode_batches(0, 32) == []

@@ -172,7 +172,12 @@ def test_explain_prompt_versions(pairs):
         facts = pair_facts(member, item_)
         for skills in (facts.shared_skills, facts.missing_skills):  # the lists as explanations say them
             listed = f": {join_words(skills)}"
-            assert not skills or f"{listed}\n" in prompt or f"{listed} (all " in prompt or f"{listed} (the " in prompt
+            assert (
+                not skills
+                or f"{listed}\n" in prompt
+                or f"{listed} (all " in prompt
+                or f"{listed} (the " in prompt
+            )
         assert "Member:" not in prompt and len(prompt) < len(
             render_explain_request(member, item_, "explain-v3")
         )

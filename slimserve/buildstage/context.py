@@ -79,14 +79,15 @@ def _generator_base(recipe: Recipe) -> dict:
     return base if generation == "fp32" else {**base, "generation_precision": generation}
 
 
-# Teacher-text settings that choose the distillation prompts: the fine-tune reads none of them.
-_TEXT_ONLY = {"renamed_share", "invented_share", "varied_title_share", "full_match_copies", "free_prompts"}
+# The teacher-text settings the fine-tune reads (its prompts' length, its free answers' decode batch).
+_FINETUNE_TEXT_FIELDS = {"max_prompt_tokens", "batch_size"}
 
 
 def _generator_finetune(recipe: Recipe) -> dict:
-    """The fine-tune's settings: the generator base without the teacher-text fields it never reads."""
-    base = _generator_base(recipe)
-    text = recipe.generator.teacher_text.model_dump(mode="json", exclude=_TEXT_ONLY)
+    """The fine-tune's settings: the generator base without what it never reads (the evaluation, the
+    teacher text's other fields), so a change of the distillation prompts keeps the fine-tuned teacher."""
+    base = {k: v for k, v in _generator_base(recipe).items() if k != "evaluation"}
+    text = recipe.generator.teacher_text.model_dump(mode="json", include=_FINETUNE_TEXT_FIELDS)
     return {**base, "teacher_text": text}
 
 

@@ -132,16 +132,6 @@ class Generated:
         return torch.from_numpy(self.topk_logprobs[start:stop]), torch.from_numpy(self.topk_ids[start:stop])
 
 
-def decode_batches(count: int, batch_size: int) -> list[tuple[int, int]]:
-    """(start, stop) of each batch of ``count`` sequences: ``batch_size`` each, but a last batch of fewer
-    than a quarter of ``batch_size`` joins the one before. A decode step costs nearly as much for 2 rows as
-    for 32, so 34 prompts decode in one batch of 34, not in 32 and then 2 at almost twice the time."""
-    starts = list(range(0, count, batch_size))
-    if len(starts) > 1 and count - starts[-1] < batch_size / 4:
-        starts.pop()
-    return list(zip(starts, [*starts[1:], count], strict=True)) if count else []
-
-
 @torch.no_grad()
 def generate(
     model,
@@ -175,8 +165,8 @@ def generate(
     model.eval()
     decoder = decoding_copy(model, sampling.precision)
     try:
-        for number, (start, stop) in enumerate(decode_batches(len(order), batch_size)):
-            chunk = order[start:stop]
+        for number, start in enumerate(range(0, len(order), batch_size)):
+            chunk = order[start : start + batch_size]
             ids, mask = pad_left([prompts[i] for i in chunk], end_ids[-1])
             torch.manual_seed(sampling.seed * 100_003 + number)
             out = decoder.generate(
