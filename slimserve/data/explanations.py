@@ -3,7 +3,7 @@
 The generator teacher is fine-tuned on these before it is distilled (docs/generator-build.md), so the
 student learns to explain a recommendation from what the profile and the item actually say. Pure Python.
 The facts and the verdict rule live in ``slimserve.pair_facts`` (the reasoning service states them in
-the ``explain-v4`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
+the ``explain-v5`` prompt); on the synthetic data the three verdicts separate the labels well (82%, 40%
 and 12% engaged; docs/generator-build.md).
 
 **Wording** (``write_explanation``): the verdict sentence, then the skills sentence (always second, so a
