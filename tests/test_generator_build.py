@@ -202,6 +202,17 @@ def test_evaluation_reuses_the_cached_teacher_logprobs():
     assert again == fresh and not calls  # the teacher did not run again
 
 
+def _with_generator(recipe, section: str, **changes):
+    """``recipe`` with the fields ``changes`` of its ``generator.<section>`` changed."""
+    part = getattr(recipe.generator, section).model_copy(update=changes)
+    return recipe.model_copy(update={"generator": recipe.generator.model_copy(update={section: part})})
+
+
+def _stages_kept(recipe, other) -> list[bool]:
+    """Per generator stage, whether ``other`` keeps ``recipe``'s stage settings (so its result)."""
+    return [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
+
+
 def _without_speed(row: GeneratorRow) -> dict:
     return {k: v for k, v in row.as_dict().items() if k != "decode_tokens_per_s"}  # measured again
 
@@ -218,11 +229,8 @@ def test_resume_skips_finished_generator_stages(built, caplog):
     assert skipped == {"gen_finetune", "gen_teacher", "gen_prune", "gen_offpolicy"}
     assert [_without_speed(r) for r in again[:4]] == [_without_speed(r) for r in first[:4]]
     # A changed setting invalidates its stage and those after it, not those before.
-    changed = recipe.generator.onpolicy.model_copy(update={"temperature": 0.5})
-    other = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"onpolicy": changed})})
-    assert [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES] == [True] * 4 + [
-        False
-    ]
+    other = _with_generator(recipe, "onpolicy", temperature=0.5)
+    assert _stages_kept(recipe, other) == [True] * 4 + [False]
 
 
 def test_a_finished_build_run_again_never_loads_a_teacher(built):
@@ -528,11 +536,8 @@ def test_the_full_match_gate_reads_the_published_graphs_row(built):
 def test_the_publish_checks_full_matches_re_run_no_stage(tmp_path):
     """Only the published graph's check reads ``evaluation.full_match_prompts``."""
     recipe = tiny_recipe(tmp_path)
-    evaluation = recipe.generator.evaluation.model_copy(update={"full_match_prompts": 9})
-    other = recipe.model_copy(
-        update={"generator": recipe.generator.model_copy(update={"evaluation": evaluation})}
-    )
-    assert all(stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES)
+    other = _with_generator(recipe, "evaluation", full_match_prompts=9)
+    assert all(_stages_kept(recipe, other))
 
 
 def test_grounding_gates_fail_the_build(built):
@@ -563,18 +568,12 @@ def test_grounding_gates_fail_the_build(built):
 
 def test_fine_tune_off_runs_the_teacher_as_loaded(tmp_path):
     recipe = tiny_recipe(tmp_path)
-    off = recipe.generator.finetune.model_copy(update={"enabled": False, "examples": 7})
-    off_recipe = recipe.model_copy(
-        update={"generator": recipe.generator.model_copy(update={"finetune": off})}
-    )
+    off_recipe = _with_generator(recipe, "finetune", enabled=False, examples=7)
     assert active_stages(off_recipe.generator) == GENERATOR_STAGES[1:]
     assert active_stages(recipe.generator) == GENERATOR_STAGES
     # Disabled, its other settings do not matter; enabled, they invalidate every stage.
-    quiet = off.model_copy(update={"examples": 8})
-    other = off_recipe.model_copy(
-        update={"generator": off_recipe.generator.model_copy(update={"finetune": quiet})}
-    )
-    assert all(stage_config(other, s) == stage_config(off_recipe, s) for s in GENERATOR_STAGES)
+    other = _with_generator(off_recipe, "finetune", examples=8)
+    assert all(_stages_kept(off_recipe, other))
     assert all(stage_config(recipe, s) != stage_config(off_recipe, s) for s in GENERATOR_STAGES)
 
 
@@ -594,22 +593,9 @@ def test_teacher_text_settings_re_run_the_teacher_text_not_the_fine_tune(tmp_pat
         ("max_new_tokens", base.max_new_tokens + 1),
     )
     for field, value in changes:
-        text = recipe.generator.teacher_text.model_copy(update={field: value})
-        other = recipe.model_copy(
-            update={"generator": recipe.generator.model_copy(update={"teacher_text": text})}
-        )
-        same = [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
-        assert same == [True, False, False, False, False], field
-    evaluation = recipe.generator.evaluation.model_copy(update={"sample_temperature": 0.5})
-    other = recipe.model_copy(
-        update={"generator": recipe.generator.model_copy(update={"evaluation": evaluation})}
-    )
-    same = [stage_config(other, s) == stage_config(recipe, s) for s in GENERATOR_STAGES]
-    assert same == [True, False, False, False, False]
-    finetune = recipe.generator.finetune.model_copy(
-        update={"examples": recipe.generator.finetune.examples + 1}
-    )
-    other = recipe.model_copy(
-        update={"generator": recipe.generator.model_copy(update={"finetune": finetune})}
-    )
+        other = _with_generator(recipe, "teacher_text", **{field: value})
+        assert _stages_kept(recipe, other) == [True, False, False, False, False], field
+    other = _with_generator(recipe, "evaluation", sample_temperature=0.5)
+    assert _stages_kept(recipe, other) == [True, False, False, False, False]
+    other = _with_generator(recipe, "finetune", examples=recipe.generator.finetune.examples + 1)
     assert stage_config(other, "gen_finetune") != stage_config(recipe, "gen_finetune")
