@@ -486,8 +486,9 @@ async def _build_and_serve(options: UpConfig, recipe, state: dict) -> int:
                 servers.append(await _serve_reasoning(options, triton_url, generator_dir))
             if not build.done.done():
                 print(  # noqa: T201
-                    "\nFor the closing tables: the magnitude-pruning baselines, every model's speed, every "
-                    "generator model's grounding (stages prune_baselines, speed, gen_report)."
+                    "\nFor the closing tables: the magnitude-pruning baselines, the single-sequence INT8 graph, "
+                    "every model's speed, every generator model's grounding (stages prune_baselines, "
+                    "int8_single, speed, gen_report)."
                 )
             if not await _first(stop, build.done):
                 raise _Interrupted

@@ -328,3 +328,9 @@ def test_a_multi_item_build_gives_its_single_sequence_graphs_to_bench_compare(tm
     (work / "int8" / "int8_static" / "model.onnx").unlink()
     with pytest.raises(FileNotFoundError, match="int8_static"):
         variants_from_build(work)
+    for graph in ("int8_single/fp32", "int8_single/int8_static"):  # built after publishing (int8_single)
+        (work / graph).mkdir(parents=True)
+        (work / graph / "model.onnx").write_bytes(b"")
+    _, student, int8 = variants_from_build(work)
+    assert student.onnx == work / "int8_single" / "fp32" / "model.onnx"
+    assert int8.onnx == work / "int8_single" / "int8_static" / "model.onnx"

@@ -40,15 +40,19 @@ def built(tmp_path_factory):
 def test_every_stage_runs_and_the_int8_student_is_published(built):
     recipe, result = built
     stages = [row.stage for row in result.rows]
-    # the single-sequence INT8 graph, then the published multi-item one made the same way
+    # the single-sequence INT8 graph (report-only, stage int8_single), then the published multi-item one
     assert stages[:-2] == EXPECTED_STAGES and stages[-2].startswith("INT8 (")
     assert stages[-1] == stages[-2].replace("INT8 (", "INT8 multi-item (")
     for row in result.rows:
         assert 0.0 <= row.test_auc <= 1.0 and row.log_loss > 0
     for int8 in result.rows[-2:]:
         assert int8.items_per_s_batch32 > 0 and int8.file_mb > 0
-    multi = result.rows[-1]
-    assert multi.notes["spearman_vs_single_int8"] > 0.9 and multi.notes["auc_gap_vs_single_int8"] < 0.05
+    single, multi = result.rows[-2:]
+    assert multi.notes["spearman_vs_student"] > 0.9 and multi.notes["auc_gap_vs_student"] < 0.05  # gated
+    assert (
+        single.notes["spearman_vs_multi_item_int8"] > 0.9
+        and single.notes["auc_gap_vs_multi_item_int8"] < 0.05
+    )
     assert result.rows[1].items_per_s_batch32 > 0 and result.rows[1].file_mb > 0  # stage speed
     assert result.rows[-3].items_per_s_batch32 > 0 and result.rows[-3].file_mb > 0  # the FP32 student
     student = result.rows[-3]
@@ -87,16 +91,18 @@ def test_rerun_skips_finished_stages_and_interrupted_build_resumes(built, caplog
     (work / "redistill" / "done.json").unlink()  # as if the build died during re-distillation
     for stage in ("prune_baselines", "speed"):  # the stages only the report reads
         (work / stage / "done.json").unlink()
+    (work / "int8_single" / "done.json").unlink()
     report_only_done_at_publish = []  # slimserve up serves the scorer before the report-only stages
 
     def on_scorer_published(result):
-        done = [(work / s / "done.json").exists() for s in ("prune_baselines", "speed")]
+        done = [(work / s / "done.json").exists() for s in ("prune_baselines", "int8_single", "speed")]
         report_only_done_at_publish.append(done)
         assert [r.stage for r in result.rows if r.notes.get("baseline")] == []
 
     with caplog.at_level("INFO"):
         again = run_build(recipe, on_scorer_published=on_scorer_published)
-    assert report_only_done_at_publish == [[False, False]] and again.rows[1].items_per_s_batch32 > 0
+    assert report_only_done_at_publish == [[False, False, False]] and again.rows[1].items_per_s_batch32 > 0
+    assert again.rows[-2].stage.startswith("INT8 (") and again.rows[-2].items_per_s_batch32 > 0
     report = json.loads((work / "report.json").read_text())  # rewritten with the speeds and baselines
     assert report["stages"][1]["items_per_s_batch32"] > 0
     assert [s["stage"] for s in report["stages"]] == [r.stage for r in first.rows]
@@ -112,10 +118,10 @@ def test_a_rerun_of_only_the_report_stages_publishes_nothing_new(built):
     recipe, _ = built
     work, repository = recipe.resolved_work_dir(), recipe.publish.model_repository
     before = list_versions(repository, "scorer")
-    for stage in ("prune_baselines", "speed"):
+    for stage in ("prune_baselines", "int8_single", "speed"):
         (work / stage / "done.json").unlink()
     again = run_build(recipe)
-    assert set(again.seconds) - {"data"} == {"prune_baselines", "speed"}
+    assert set(again.seconds) - {"data"} == {"prune_baselines", "int8_single", "speed"}
     assert list_versions(repository, "scorer") == before
 
 
@@ -127,6 +133,25 @@ def test_gate_above_what_was_reached_fails_and_publishes_nothing(built, tmp_path
     with pytest.raises(
         BuildError, match=r"quality gate failed at stage 'student distilled'.*nothing was published"
     ):
+        run_build(strict)
+    assert not (tmp_path / "other_repo").exists() or list_versions(tmp_path / "other_repo", "scorer") == []
+
+
+def test_a_published_graph_that_ranks_unlike_the_student_fails_its_gate(built, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    recipe, _ = built
+    work = tmp_path / "work"
+    shutil.copytree(recipe.resolved_work_dir(), work)
+    (work / "int8" / "done.json").unlink()
+    logits = np.load(work / "redistill" / "logits_test.npy")
+    np.save(work / "redistill" / "logits_test.npy", logits[:, ::-1])  # the student's scores negated
+    gates = recipe.gates.model_copy(update={"multi_item_spearman": 0.5})
+    publish = recipe.publish.model_copy(update={"model_repository": tmp_path / "other_repo"})
+    strict = recipe.model_copy(update={"gates": gates, "publish": publish, "work_dir": work})
+    with pytest.raises(BuildError, match=r"multi-item INT8 graph against the re-distilled student.*spearman"):
         run_build(strict)
     assert not (tmp_path / "other_repo").exists() or list_versions(tmp_path / "other_repo", "scorer") == []
 

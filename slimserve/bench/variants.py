@@ -60,13 +60,16 @@ def _teacher_graph(work: Path) -> Path:
     return older if not path.is_file() and older.is_file() else path
 
 
-def _single_sequence(chosen: Path) -> Path:
-    """The single-sequence INT8 graph of a build that published ``chosen``: its twin beside a multi-item
-    graph (``int8/multi_item_<method>/`` -> ``int8/<method>/``), made the same way."""
+def _single_sequence(work: Path, chosen: Path) -> tuple[Path, Path]:
+    """(FP32, INT8) single-sequence graphs of a build that published ``chosen``. Beside a multi-item
+    graph they are report-only, in ``int8_single/`` (``int8/`` in builds before that stage), the INT8 one
+    made the same way (``int8/multi_item_int8_<method>/`` -> ``int8_single/int8_<method>/``)."""
     prefix = "multi_item_"
     if not chosen.parent.name.startswith(prefix):
-        return chosen
-    return chosen.parent.parent / chosen.parent.name[len(prefix) :] / chosen.name
+        return chosen.parent.parent / "fp32" / "model.onnx", chosen
+    single = work / "int8_single"
+    folder = single if single.is_dir() else chosen.parent.parent
+    return folder / "fp32" / "model.onnx", folder / chosen.parent.name[len(prefix) :] / chosen.name
 
 
 def variants_from_build(work_dir: Path) -> list[Variant]:
@@ -76,6 +79,7 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
     chosen_file = work / "int8" / "chosen.json"
     if not chosen_file.is_file():
         raise FileNotFoundError(f"{work}: no int8/chosen.json; is this a finished build's work directory?")
+    student_fp32, student_int8 = _single_sequence(work, Path(json.loads(chosen_file.read_text())["path"]))
     found = [
         Variant(
             "teacher FP32",
@@ -85,13 +89,11 @@ def variants_from_build(work_dir: Path) -> list[Variant]:
         ),
         Variant(
             "student FP32",
-            work / "int8" / "fp32" / "model.onnx",
+            student_fp32,
             str(work / "redistill" / "model"),
             "pruned + re-distilled",
         ),
-        Variant(
-            "student INT8", _single_sequence(Path(json.loads(chosen_file.read_text())["path"])), None, "INT8"
-        ),
+        Variant("student INT8", student_int8, None, "INT8"),
     ]
     missing = [str(v.onnx) for v in found if not v.onnx.is_file()]
     if missing:

@@ -111,8 +111,12 @@ UPSTREAM: dict[str, tuple[str | None, Callable[[Recipe], dict]]] = {
             "quantize": _dump(r.quantize),
             "buckets": list(r.publish.length_buckets),
             "onnx_exporter": r.publish.onnx_exporter,
+            # multi-item: the published graph is gated against the student's scores, the single-sequence
+            # INT8 graph is report-only (stage int8_single); builds before this re-run the stage once
+            "multi_item_reference": "re-distilled student",
         },
     ),
+    "int8_single": ("int8", lambda r: {}),
     "speed": ("int8", lambda r: {"speed_seconds": r.speed_seconds}),
     "tensorrt": (
         "redistill",
@@ -162,7 +166,8 @@ STAGE_INPUTS: dict[str, tuple[str, ...]] = {
     "redistill": ("teacher", "prune"),
     "prune_baselines": ("teacher", "distill"),
     "int8": ("redistill",),
-    "speed": ("teacher", "int8"),
+    "int8_single": ("teacher", "redistill", "int8"),
+    "speed": ("teacher", "int8", "int8_single"),
     "gen_finetune": ("data",),
     "gen_teacher": ("data", "gen_finetune"),
     "gen_prune": ("gen_teacher",),

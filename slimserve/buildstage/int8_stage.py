@@ -96,7 +96,8 @@ def onnx_logits_margin(onnx_path: Path, sequences: list[list[int]], buckets) -> 
     return out
 
 
-GRAPHS_FILE = "graphs.json"  # in the int8 stage: row stage -> [layout, ONNX path], for the speed stage
+GRAPHS_FILE = "graphs.json"  # in int8 and int8_single: row stage -> [layout, ONNX path], for the speed stage
+METHOD_FILE = "method.json"  # in int8: the INT8 method chosen (int8_single applies it too)
 
 
 def _speed(row: StageRow, onnx_path: Path, data: BuildData, recipe: Recipe, layout: str = "single") -> None:
@@ -133,64 +134,142 @@ def _quantize(method: str, fp32: Path, target: Path, calibration, settings) -> N
         quantize_scorer_dynamic(fp32, target, per_channel=settings.per_channel)
 
 
-def run_int8(
-    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
-) -> tuple[list[StageRow], Path]:
-    """Quantize the final student; returns (INT8 rows, the graph to publish: the last row's). With
-    ``publish.scoring_mode: multi_item`` the chosen method is also applied to the multi-item graph,
-    checked against the single-sequence INT8 graph, and that graph is published. Speeds are measured
-    later, by ``run_speeds``: the stage records its graphs in ``GRAPHS_FILE``."""
-    from ..compression.quantize import calibration_batches, model_bytes
+def _quantized(
+    recipe: Recipe, fp32: Path, stage: str, calibration, score, data: BuildData, reference
+) -> tuple[StageRow, Path, str, np.ndarray]:
+    """Quantize ``fp32`` with each method of ``quantize.method`` in turn (``auto``: static, weight-only,
+    dynamic) until one keeps ``gates.int8``: (row, graph, method, test scores) of the best. ``score``
+    gives a graph's test scores; ``reference`` = (the teacher's test logits, its test AUC, the student's
+    parameter counts). With ``quantize.method`` a single method, that one."""
+    from ..compression.quantize import model_bytes
 
-    buckets = recipe.publish.length_buckets
-    teacher_test = artifacts.load_array(teacher_dir, "logits_test")
-    student_lm = artifacts.load_causal_lm(student_dir / "model")
-    fp32 = export_graph(student_lm, data, recipe, out / "fp32" / "model.onnx")
-    teacher_auc = next(r for r in rows if r.stage == "teacher fine-tuned").test_auc
+    teacher_test, teacher_auc, parameters = reference
     settings = recipe.quantize
-    methods = ["static", "weight-only", "dynamic"] if settings.method == "auto" else [settings.method]
+    methods = [settings.method] if settings.method != "auto" else ["static", "weight-only", "dynamic"]
     candidates = []
     for method in methods:
-        target = out / f"int8_{method}" / "model.onnx"
-        _quantize(
-            method,
-            fp32,
-            target,
-            lambda: calibration_batches(data.calibration(recipe.data.calibration_examples), buckets),
-            settings,
-        )
-        margin = onnx_logits_margin(target, data.sequences["test"], buckets)
-        row = evaluate_scores(f"INT8 ({method})", margin, data, teacher_test)
-        row.parameters, row.embedding_parameters = artifacts.parameter_counts(student_lm)
+        # beside the FP32 graph: fp32/ -> int8_<method>/, multi_item_fp32/ -> multi_item_int8_<method>/
+        target = fp32.parent.parent / f"{fp32.parent.name.removesuffix('fp32')}int8_{method}" / "model.onnx"
+        _quantize(method, fp32, target, calibration, settings)
+        margin = score(target)
+        row = evaluate_scores(f"{stage} ({method})", margin, data, teacher_test)
+        row.parameters, row.embedding_parameters = parameters
         row.retention = row.test_auc / teacher_auc
         candidates.append((row, target, method, margin))
         if row.retention >= recipe.gates.int8:
             break
-        log.warning("INT8 %s: retention %.4f below the gate %.4f", method, row.retention, recipe.gates.int8)
+        log.warning("%s: retention %.4f below the gate %.4f", row.stage, row.retention, recipe.gates.int8)
     row, chosen, method, margin = max(candidates, key=lambda c: c[0].test_auc)
     row.file_mb = model_bytes(chosen) / 1e6
-    graphs = {
+    return row, chosen, method, margin
+
+
+def _single_int8(recipe, data, student_lm, out: Path, reference, method: str | None = None):
+    """The single-sequence INT8 graph (export, quantize with ``method`` or the recipe's, test scores):
+    (row, graph, method, scores, the FP32 graph)."""
+    from ..compression.quantize import calibration_batches
+
+    if method is not None:
+        recipe = recipe.model_copy(update={"quantize": recipe.quantize.model_copy(update={"method": method})})
+    buckets = recipe.publish.length_buckets
+    fp32 = export_graph(student_lm, data, recipe, out / "fp32" / "model.onnx")
+    row, chosen, method, margin = _quantized(
+        recipe,
+        fp32,
+        "INT8",
+        lambda: calibration_batches(data.calibration(recipe.data.calibration_examples), buckets),
+        lambda graph: onnx_logits_margin(graph, data.sequences["test"], buckets),
+        data,
+        reference,
+    )
+    return row, chosen, method, margin, fp32
+
+
+def _single_graphs(fp32: Path, row: StageRow, chosen: Path) -> dict[str, list[str]]:
+    """``GRAPHS_FILE``'s entries of the single-sequence graphs: the FP32 student's and the INT8 one's."""
+    return {
         "pruned + re-distilled": ["single", str(fp32.resolve())],
         row.stage: ["single", str(chosen.resolve())],
     }
-    result = [row], chosen
+
+
+def _reference(teacher_dir: Path, rows: list[StageRow], student_lm) -> tuple:
+    """(the teacher's test logits, the fine-tuned teacher's test AUC, the student's parameter counts)."""
+    teacher_auc = next(r for r in rows if r.stage == "teacher fine-tuned").test_auc
+    return (
+        artifacts.load_array(teacher_dir, "logits_test"),
+        teacher_auc,
+        artifacts.parameter_counts(student_lm),
+    )
+
+
+def run_int8(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, out: Path, rows: list[StageRow]
+) -> tuple[list[StageRow], Path]:
+    """Quantize the final student; returns (its INT8 row, the graph to publish). With
+    ``publish.scoring_mode: multi_item`` that is the multi-item graph, gated against the re-distilled
+    student's own test scores (``_check_multi_item``); the single-sequence INT8 graph beside it is
+    report-only (``run_int8_single``, after publishing). Speeds are measured later, by ``run_speeds``:
+    the stage records its graphs in ``GRAPHS_FILE``."""
+    student_lm = artifacts.load_causal_lm(student_dir / "model")
+    reference = _reference(teacher_dir, rows, student_lm)
     if recipe.publish.scoring_mode == "multi_item":
-        multi_row, multi_path = _multi_item_int8(
-            recipe, data, student_lm, method, row, margin, out, teacher_test
-        )
-        graphs[multi_row.stage] = ["multi_item", str(multi_path.resolve())]
-        result = [row, multi_row], multi_path
+        row, chosen, method, margin = _multi_item_int8(recipe, data, student_lm, out, reference)
+        _check_multi_item(recipe, data, row, margin, student_dir)
+        graphs = {row.stage: ["multi_item", str(chosen.resolve())]}
+        artifacts.save_arrays(out, multi_item_test=margin)
+    else:
+        row, chosen, method, _, fp32 = _single_int8(recipe, data, student_lm, out, reference)
+        graphs = _single_graphs(fp32, row, chosen)
     (out / GRAPHS_FILE).write_text(json.dumps(graphs, indent=2) + "\n")
-    return result
+    (out / METHOD_FILE).write_text(json.dumps({"method": method}) + "\n")
+    return [row], chosen
+
+
+def run_int8_single(
+    recipe: Recipe, data: BuildData, teacher_dir: Path, student_dir: Path, int8_dir: Path, rows, out: Path
+) -> list[StageRow]:
+    """Stage ``int8_single`` (multi-item recipes; only the stage table reads it, so it runs after
+    publishing): the single-sequence INT8 graph made with the int8 stage's method, its test quality and
+    its agreement with the published multi-item graph (Spearman, test AUC gap; a warning beyond
+    ``gates.multi_item_spearman`` / ``multi_item_auc_gap``)."""
+    from ..evaluation.multi_item_gate import multi_item_gate
+
+    student_lm = artifacts.load_causal_lm(student_dir / "model")
+    method = json.loads((int8_dir / METHOD_FILE).read_text())["method"]
+    row, chosen, _, margin, fp32 = _single_int8(
+        recipe, data, student_lm, out, _reference(teacher_dir, rows, student_lm), method
+    )
+    multi = artifacts.load_array(int8_dir, "multi_item_test")
+    gates = recipe.gates
+    measures, failures = multi_item_gate(
+        margin, multi, data.labels["test"], gates.multi_item_spearman, gates.multi_item_auc_gap
+    )
+    row.notes = {
+        "spearman_vs_multi_item_int8": measures["spearman"],
+        "auc_gap_vs_multi_item_int8": measures["auc_gap"],
+    }
+    log.info("single-sequence INT8 vs the published multi-item INT8: %s", measures)
+    if failures:
+        log.warning(
+            "the published multi-item INT8 graph against the single-sequence one: %s", "; ".join(failures)
+        )
+    (out / GRAPHS_FILE).write_text(json.dumps(_single_graphs(fp32, row, chosen), indent=2) + "\n")
+    return [row]
 
 
 def run_speeds(
-    recipe: Recipe, data: BuildData, teacher_dir: Path, int8_dir: Path, rows: list[StageRow], out: Path
+    recipe: Recipe,
+    data: BuildData,
+    teacher_dir: Path,
+    graph_dirs: list[Path],
+    rows: list[StageRow],
+    out: Path,
 ) -> list[StageRow]:
     """The stage ``speed``: copies of the fine-tuned teacher's row (its FP32 graph exported here as
-    ``artifacts.TEACHER_GRAPH``) and of the rows of the int8 stage's graphs, each with its items/s,
-    one-item latency and file size. Only the stage table and ``bench compare`` read them, so
-    ``slimserve up`` runs this after the scorer is published."""
+    ``artifacts.TEACHER_GRAPH``) and of the rows of the graphs that the stages in ``graph_dirs`` (int8,
+    int8_single) recorded, each with its items/s, one-item latency and file size. Only the stage table
+    and ``bench compare`` read them, so ``slimserve up`` runs this after the scorer is published."""
     from ..compression.quantize import model_bytes
 
     by_stage = {r.stage: r for r in rows}
@@ -199,7 +278,8 @@ def run_speeds(
         artifacts.load_causal_lm(teacher_dir / "model"), data, recipe, out / artifacts.TEACHER_GRAPH
     )
     graphs = {teacher_row.stage: ["single", str(path)]}
-    graphs.update(json.loads((int8_dir / GRAPHS_FILE).read_text()))
+    for directory in graph_dirs:
+        graphs.update(json.loads((directory / GRAPHS_FILE).read_text()))
     measured = []
     for stage, (layout, onnx_path) in graphs.items():
         row = copy.deepcopy(by_stage[stage])
@@ -209,42 +289,42 @@ def run_speeds(
     return measured
 
 
-def _multi_item_int8(recipe, data, student_lm, method, single_row, single_margin, out, teacher_test):
-    """The multi-item INT8 graph made with the single-sequence graph's chosen ``method``; its row
-    notes the Spearman correlation and AUC gap to the single-sequence INT8 scores."""
-    from ..errors import BuildError
-    from ..evaluation.multi_item_gate import multi_item_gate
-
+def _multi_item_int8(recipe, data, student_lm, out, reference):
+    """The multi-item INT8 graph (export checked against the single-sequence PyTorch graph, quantize,
+    test scores laid out as the service sends them): (row, graph, method, scores)."""
     layout = recipe.publish
     fp32 = export_multi_item_graph(student_lm, data, recipe, out / "multi_item_fp32" / "model.onnx")
-    target = out / f"multi_item_int8_{method}" / "model.onnx"
-    _quantize(
-        method,
+    return _quantized(
+        recipe,
         fp32,
-        target,
+        "INT8 multi-item",
         lambda: multi_item_calibration(data, recipe.data.calibration_examples, layout),
-        recipe.quantize,
+        lambda graph: onnx_multi_item_margin(graph, data.groups["test"], len(data.sequences["test"]), layout),
+        data,
+        reference,
     )
-    margin = onnx_multi_item_margin(target, data.groups["test"], len(data.sequences["test"]), layout)
-    row = evaluate_scores(f"INT8 multi-item ({method})", margin, data, teacher_test)
-    row.parameters, row.embedding_parameters = single_row.parameters, single_row.embedding_parameters
-    row.retention = single_row.retention * row.test_auc / single_row.test_auc
+
+
+def _check_multi_item(recipe: Recipe, data: BuildData, row: StageRow, margin, student_dir: Path) -> None:
+    """Gate the multi-item INT8 graph's test scores against the re-distilled student's own (PyTorch,
+    unquantized): Spearman >= ``gates.multi_item_spearman``, test AUC gap <= ``multi_item_auc_gap``;
+    its row notes both. ``BuildError`` when one fails: nothing is published."""
+    from ..errors import BuildError
+    from ..evaluation.multi_item_gate import multi_item_gate
+    from .stages import margins
+
     gates = recipe.gates
+    student = margins(artifacts.load_array(student_dir, "logits_test"))
     measures, failures = multi_item_gate(
-        single_margin, margin, data.labels["test"], gates.multi_item_spearman, gates.multi_item_auc_gap
+        student, margin, data.labels["test"], gates.multi_item_spearman, gates.multi_item_auc_gap
     )
-    row.notes = {
-        "spearman_vs_single_int8": measures["spearman"],
-        "auc_gap_vs_single_int8": measures["auc_gap"],
-    }
-    row.file_mb = single_row.file_mb
-    log.info("multi-item INT8 vs single-sequence INT8: %s", measures)
+    row.notes = {"spearman_vs_student": measures["spearman"], "auc_gap_vs_student": measures["auc_gap"]}
+    log.info("multi-item INT8 vs the re-distilled student (PyTorch): %s", measures)
     if failures:
         raise BuildError(
-            f"multi-item INT8 graph against the single-sequence INT8 scores: {'; '.join(failures)} (gates "
+            f"multi-item INT8 graph against the re-distilled student's scores: {'; '.join(failures)} (gates "
             "multi_item_spearman, multi_item_auc_gap); nothing was published"
         )
-    return row, target
 
 
 def publish(recipe: Recipe, data: BuildData, onnx_path: Path, tokenizer_file: Path, card: str, source: str):

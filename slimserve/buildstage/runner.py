@@ -26,8 +26,11 @@ from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
-STAGES = ("data", "teacher", "distill", "prune", "redistill", "int8", "prune_baselines", "speed", "publish")
-REPORT_ONLY_STAGES = ("prune_baselines", artifacts.SPEED_STAGE)  # a rerun of these alone publishes nothing
+STAGES = (
+    "data", "teacher", "distill", "prune", "redistill", "int8", "prune_baselines", "int8_single", "speed", "publish"
+)  # fmt: skip
+# a rerun of these alone publishes nothing (int8_single: multi-item recipes only)
+REPORT_ONLY_STAGES = ("prune_baselines", "int8_single", artifacts.SPEED_STAGE)
 
 
 @dataclass
@@ -73,7 +76,7 @@ def run_build(
     meanwhile), and ``on_generator_published`` is called once the generator is, before the teacher's
     speed is measured for the report; without them, a failing generator gate publishes nothing."""
     from ..models.teacher import LazyTeacher
-    from .int8_stage import publish, run_int8, run_speeds
+    from .int8_stage import publish, run_int8, run_int8_single, run_speeds
     from .stages import run_distill, run_prune, run_prune_baselines, run_redistill, run_teacher
 
     if recipe.target == "tensorrt":
@@ -159,16 +162,32 @@ def run_build(
     int8_rows = timed("int8", int8)
     if "path" not in chosen:
         chosen["path"] = Path(json.loads((work / "int8" / "chosen.json").read_text())["path"])
-    for row in int8_rows:  # the single-sequence INT8 graph and, multi-item, the published one
+    for row in int8_rows:  # the published graph's: multi-item or single-sequence
         _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
+    multi_item = recipe.publish.scoring_mode == "multi_item"
+
+    def single_int8(rows: list[StageRow]) -> None:
+        """The single-sequence INT8 graph beside the published multi-item one (stage ``int8_single``),
+        in the table before it."""
+        found = timed(
+            "int8_single",
+            lambda out: run_int8_single(
+                recipe, data, teacher_dir, work / "redistill", work / "int8", rows, out
+            ),
+        )
+        rows[-1:-1] = found
 
     def report_only(rows: list[StageRow]) -> None:
-        """The baselines, then every model's speed and file size (stage ``speed``) into its row."""
+        """The baselines, the single-sequence INT8 graph (multi-item recipes), then every model's speed
+        and file size (stage ``speed``) into its row."""
         baselines(rows)
+        if multi_item:
+            single_int8(rows)
+        graph_dirs = [work / "int8", *([work / "int8_single"] if multi_item else [])]
         speed_stage = artifacts.SPEED_STAGE
         measured = timed(
-            speed_stage, lambda out: run_speeds(recipe, data, teacher_dir, work / "int8", rows, out)
+            speed_stage, lambda out: run_speeds(recipe, data, teacher_dir, graph_dirs, rows, out)
         )
         by_stage = {r.stage: r for r in measured}
         for row in rows:
