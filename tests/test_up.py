@@ -81,8 +81,8 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert output.index("Sample request") < output.index("ReasoningService on")
     # the generator stages wait until the ScoringService answered (Triton starts on idle cores)
     assert output.index("Sample request") < output.index("stage gen_finetune: running")
-    # the single-sequence INT8 graph is report-only: it runs once both services answered
-    assert output.index("Sample explanation") < output.index("stage int8_single: running")
+    # the single-sequence INT8 graph is report-only: it runs once both students are published
+    assert output.index("stage gen_onpolicy: finished") < output.index("stage int8_single: running")
     assert "Sample explanation" in output and "Grounding check (the build's evaluation): " in output
     assert "Teacher vs students" in output and "| scoring student (published)" in output
     assert "| generator student (published)" in output
