@@ -1,4 +1,6 @@
-"""The INT8 stage (export the student, quantize, evaluate in ONNX Runtime), the speed stage and publishing."""
+"""The INT8 stage (export the student, quantize, evaluate in ONNX Runtime), the report-only stages
+``int8_single`` (the single-sequence INT8 graph beside a published multi-item one) and ``speed``, and
+publishing."""
 
 from __future__ import annotations
 
