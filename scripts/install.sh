@@ -37,10 +37,9 @@ install_with_uv() {
     --index-strategy unsafe-best-match "${pip_config[@]}"
 }
 
-if [[ "${SLIMSERVE_INSTALL_WITH:-uv}" == uv ]] && install_with_uv; then
-  :
-else
-  [[ "${SLIMSERVE_INSTALL_WITH:-uv}" == uv ]] && echo "uv did not install everything: installing with pip" >&2
+INSTALL_WITH="${SLIMSERVE_INSTALL_WITH:-uv}"
+if [[ "$INSTALL_WITH" != uv ]] || ! install_with_uv; then
+  [[ "$INSTALL_WITH" == uv ]] && echo "uv did not install everything: installing with pip" >&2
   "${PIP[@]}" install --upgrade pip
   install_all "${PIP[@]}" install
 fi

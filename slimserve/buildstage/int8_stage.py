@@ -215,7 +215,7 @@ def run_int8(
     the stage records its graphs in ``GRAPHS_FILE``."""
     student_lm = artifacts.load_causal_lm(student_dir / "model")
     reference = _reference(teacher_dir, rows, student_lm)
-    if recipe.publish.scoring_mode == "multi_item":
+    if recipe.publish.multi_item:
         row, chosen, method, margin = _multi_item_int8(recipe, data, student_lm, out, reference)
         _check_multi_item(recipe, data, row, margin, student_dir)
         graphs = {row.stage: ["multi_item", str(chosen.resolve())]}

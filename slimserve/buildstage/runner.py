@@ -165,7 +165,7 @@ def run_build(
     for row in int8_rows:  # the published graph's: multi-item or single-sequence
         _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
-    multi_item = recipe.publish.scoring_mode == "multi_item"
+    multi_item = recipe.publish.multi_item
 
     def single_int8(rows: list[StageRow]) -> None:
         """The single-sequence INT8 graph beside the published multi-item one (stage ``int8_single``),

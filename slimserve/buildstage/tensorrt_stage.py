@@ -38,7 +38,7 @@ MULTI_ITEM = "multi_item"
 
 
 def is_multi_item(recipe: Recipe) -> bool:
-    return recipe.publish.scoring_mode == MULTI_ITEM
+    return recipe.publish.multi_item
 
 
 def recipe_profiles(recipe: Recipe) -> tuple[Profile, ...]:

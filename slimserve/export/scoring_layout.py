@@ -35,6 +35,11 @@ class ScoringLayout(BaseModel):
         8, ge=1, description="Multi-item: Triton max_batch_size, members stacked in one model execution"
     )
 
+    @property
+    def multi_item(self) -> bool:
+        """Whether the scorer is served multi-item (one member prefix per call)."""
+        return self.scoring_mode == "multi_item"
+
     def prompt_split(self) -> PromptSplit:
         """How scoring prompts are tokenized (member prefix and item suffixes apart)."""
         return PromptSplit(self.prefix_max_tokens, self.item_max_tokens)

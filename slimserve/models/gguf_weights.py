@@ -50,23 +50,28 @@ def _string(stream: BinaryIO) -> str:
     return stream.read(_read(stream, "Q")).decode("utf-8", errors="replace")
 
 
-def _value(stream: BinaryIO, kind: int, keep: bool):
-    """A metadata value (``keep`` False: skipped, None returned; arrays of strings are walked, not read)."""
+def _value(stream: BinaryIO, kind: int):
+    """A scalar or string metadata value."""
     if kind == STRING:
-        if keep:
-            return _string(stream)
-        stream.seek(_read(stream, "Q"), 1)
-        return None
-    if kind == ARRAY:
-        item, count = _read(stream, "I"), _read(stream, "Q")
-        if item in SCALARS and not keep:
-            stream.seek(struct.calcsize("<" + SCALARS[item]) * count, 1)
-            return None
-        values = [_value(stream, item, keep) for _ in range(count)]
-        return values if keep else None
+        return _string(stream)
     if kind not in SCALARS:
         raise GGUFFormatError(f"unknown metadata value type {kind}")
     return _read(stream, SCALARS[kind])
+
+
+def _skip_array(stream: BinaryIO) -> None:
+    """Move past an array value (the vocabulary's strings are walked, not read)."""
+    item, count = _read(stream, "I"), _read(stream, "Q")
+    if item in SCALARS:
+        stream.seek(struct.calcsize("<" + SCALARS[item]) * count, 1)
+    elif item == STRING:
+        for _ in range(count):
+            stream.seek(_read(stream, "Q"), 1)
+    elif item == ARRAY:
+        for _ in range(count):
+            _skip_array(stream)
+    else:
+        raise GGUFFormatError(f"unknown metadata value type {item}")
 
 
 def read_header(path: Path) -> tuple[dict, list[tuple[str, tuple[int, ...], int, int]], int]:
@@ -81,10 +86,10 @@ def read_header(path: Path) -> tuple[dict, list[tuple[str, tuple[int, ...], int,
         metadata = {}
         for _ in range(kv_count):
             key, kind = _string(stream), _read(stream, "I")
-            keep = kind != ARRAY
-            value = _value(stream, kind, keep)
-            if keep:
-                metadata[key] = value
+            if kind == ARRAY:
+                _skip_array(stream)
+            else:
+                metadata[key] = _value(stream, kind)
         tensors = []
         for _ in range(tensor_count):
             name, dims = _string(stream), _read(stream, "I")
@@ -137,7 +142,7 @@ def load_llama(path: Path):
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.initialization import no_init_weights
 
-    metadata, tensors, _ = read_header(path)
+    metadata, tensors, start = read_header(path)
     if metadata.get("general.architecture") != "llama":
         raise GGUFFormatError(f"{path}: architecture {metadata.get('general.architecture')!r}, not llama")
     fields = {field: metadata[key] for key, field in CONFIG_KEYS.items() if key in metadata}
@@ -148,7 +153,7 @@ def load_llama(path: Path):
     config = LlamaConfig(**fields, tie_word_embeddings=tied, dtype="float32")
     with no_init_weights(), torch.device("cpu"):
         model = LlamaForCausalLM(config)
-    state = llama_state_dict(path, config.num_attention_heads, config.num_key_value_heads)
+    state = _state_dict(path, tensors, start, config.num_attention_heads, config.num_key_value_heads)
     if tied:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -156,14 +161,13 @@ def load_llama(path: Path):
     return model.eval()
 
 
-def llama_state_dict(path: Path, heads: int, kv_heads: int) -> dict:
-    """The float32 state dict (Hugging Face names) of a Llama GGUF file with ``heads`` query heads and
-    ``kv_heads`` key-value heads."""
+def _state_dict(path: Path, tensors: list, start: int, heads: int, kv_heads: int) -> dict:
+    """The float32 state dict (Hugging Face names) of the ``tensors`` ``read_header`` listed in a Llama
+    GGUF file with ``heads`` query heads and ``kv_heads`` key-value heads."""
     import torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    _, tensors, start = read_header(path)
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     state = {}
     for name, shape, kind, offset in tensors:
