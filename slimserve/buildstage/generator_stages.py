@@ -678,14 +678,29 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
     """Run (or skip, when done with the same settings) every generator stage, then check the KL gates.
     The rows lack what only the report reads until ``report_generator`` completes them."""
     stages = _stage_runner(ctx, seconds)
-    rows: list[GeneratorRow] = []
     for stage in active_stages(ctx.settings):
         stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))
-        rows += load_rows(ctx.work / stage)  # as saved, whether run now or before
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
-            ctx.replace_teacher(lambda: ctx.load_student("gen_finetune").eval())
+            use_finetuned_teacher(ctx)
+    rows = saved_rows(ctx)
     check_gates(ctx.settings, rows)
     return rows
+
+
+def all_done(ctx: GeneratorContext) -> bool:
+    """Whether ``run_generator`` would run no stage (each finished before with the same settings)."""
+    stages = _stage_runner(ctx, {})
+    return all(stages.done(s, stage_config(ctx.recipe, s)) for s in active_stages(ctx.settings))
+
+
+def use_finetuned_teacher(ctx: GeneratorContext) -> None:
+    """From now on ``ctx``'s teacher is the one stage ``gen_finetune`` saved."""
+    ctx.replace_teacher(lambda: ctx.load_student("gen_finetune").eval())
+
+
+def saved_rows(ctx: GeneratorContext) -> list[GeneratorRow]:
+    """Every active stage's rows as saved (whether the stage ran now or before)."""
+    return [row for stage in active_stages(ctx.settings) for row in load_rows(ctx.work / stage)]
 
 
 def report_generator(ctx: GeneratorContext, seconds: dict[str, float], rows: list[GeneratorRow]) -> None:

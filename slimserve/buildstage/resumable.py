@@ -49,11 +49,19 @@ class StageRunner:
     quality: Callable[[list], str] = _no_quality
     inputs: Callable[[str], tuple[str, ...]] = _no_inputs  # the stages whose outputs a stage reads
 
+    def _config(self, stage: str, config: dict) -> dict:
+        """``config`` with the runs of the stage's input stages (a new run of one re-runs it)."""
+        return {**config, "input_runs": {s: artifacts.run_id(self.work / s) for s in self.inputs(stage)}}
+
+    def done(self, stage: str, config: dict) -> bool:
+        """Whether ``run`` would skip the stage (finished before with the same settings and inputs)."""
+        return artifacts.is_done(self.work / stage, self._config(stage, config))
+
     def run(self, stage: str, config: dict, fn: Callable[[Path], list]) -> list:
         """``fn(out)``'s rows, or the saved rows of an earlier run that finished with the same ``config``
         after the same runs of its input stages."""
         out = self.work / stage
-        config = {**config, "input_runs": {s: artifacts.run_id(self.work / s) for s in self.inputs(stage)}}
+        config = self._config(stage, config)
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
             return self.load_rows(out, self.rows_file)

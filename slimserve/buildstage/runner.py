@@ -20,6 +20,7 @@ from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
 from . import artifacts, generator_stages
 from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
+from .generator_process import run_generator_apart
 from .generator_served import explain_copies_names, explain_penalty, served_check, served_rows
 from .recipe import Recipe
 from .resumable import StageRunner
@@ -266,7 +267,7 @@ def _report_and_publish(
 
     def run_generator() -> None:
         if generator is not None:
-            result.generator_rows = generator_stages.run_generator(generator, seconds)
+            result.generator_rows = run_generator_apart(generator, seconds)
 
     def report_generator() -> None:
         if generator is not None:
