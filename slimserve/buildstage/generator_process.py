@@ -59,7 +59,7 @@ def run_generator_apart(ctx, seconds: dict[str, float]) -> list:
         raise _ERRORS.get(error["kind"], BuildError)(error["message"])
     if code != 0:
         raise BuildError(f"the generator stages' process exited with code {code} (its log is above)")
-    if ctx.settings.finetune.enabled:
+    if "gen_finetune" in generator_stages.active_stages(ctx.settings):  # as ``run_generator`` does
         generator_stages.use_finetuned_teacher(ctx)
     return generator_stages.saved_rows(ctx)
 

@@ -37,14 +37,10 @@ log = logging.getLogger(__name__)
 MULTI_ITEM = "multi_item"
 
 
-def is_multi_item(recipe: Recipe) -> bool:
-    return recipe.publish.multi_item
-
-
 def recipe_profiles(recipe: Recipe) -> tuple[Profile, ...]:
     """The engine's optimization profiles for the recipe's served layout."""
     publish = recipe.publish
-    if is_multi_item(recipe):
+    if publish.multi_item:
         return served_multi_item_profiles(
             publish.item_length_buckets,
             publish.prefix_max_tokens,
@@ -58,7 +54,7 @@ def engine_config(recipe: Recipe) -> dict:
     """What an engine depends on: the stage ``tensorrt``'s settings and, for the multi-item engine, the
     layout of its requests (a single-sequence engine keeps the key it always had)."""
     config = stage_config(recipe, "tensorrt")
-    if not is_multi_item(recipe):
+    if not recipe.publish.multi_item:
         return config
     publish = recipe.publish
     layout = {
@@ -74,7 +70,7 @@ def engine_stage(recipe: Recipe, cc) -> tuple[str, dict]:
     """(stage id, its config) of this GPU's engine stage: ``tensorrt_sm<cc>`` or ``tensorrt_multi_item_sm<cc>``
     (the multi-item one also re-runs when its gates change)."""
     config = {**engine_config(recipe), "compute_capability": cc_key(cc)}
-    if not is_multi_item(recipe):
+    if not recipe.publish.multi_item:
         return f"tensorrt_sm{cc[0]}{cc[1]}", config
     gates = {"spearman": recipe.gates.multi_item_spearman, "auc_gap": recipe.gates.multi_item_auc_gap}
     return f"tensorrt_{MULTI_ITEM}_sm{cc[0]}{cc[1]}", {**config, "multi_item_gates": gates}
@@ -98,7 +94,7 @@ def calibration_feeds(recipe: Recipe, data: BuildData) -> list[dict[str, np.ndar
     from .int8_stage import multi_item_calibration
 
     settings = recipe.tensorrt
-    if is_multi_item(recipe):
+    if recipe.publish.multi_item:
         return multi_item_calibration(data, settings.calibration_examples, recipe.publish)
     calibration = data.calibration(settings.calibration_examples)
     return bucket_feeds(calibration, recipe.publish.length_buckets, settings.calibration_batch_size)
@@ -125,8 +121,8 @@ def _qdq_graph(recipe: Recipe, data: BuildData, student_lm, out: Path, precision
     from ..export.tensorrt.modelopt_qdq import quantize_qdq_feeds
     from .int8_stage import export_graph, export_multi_item_graph
 
-    prefix = f"{MULTI_ITEM}_" if is_multi_item(recipe) else ""
-    export = export_multi_item_graph if is_multi_item(recipe) else export_graph
+    prefix = f"{MULTI_ITEM}_" if recipe.publish.multi_item else ""
+    export = export_multi_item_graph if recipe.publish.multi_item else export_graph
     fp32 = export(student_lm, data, recipe, out / f"{prefix}fp32" / "model.onnx")
     settings = recipe.tensorrt
     qdq = quantize_qdq_feeds(
@@ -237,7 +233,7 @@ def run_tensorrt(
     )
     info = build_engine(qdq, plan, profiles, build, precision, cc_key(cc))
     scorer = EngineScorer(plan, profiles)
-    if is_multi_item(recipe):
+    if recipe.publish.multi_item:
         scores, report, measures = _gate_multi_item(recipe, data, scorer.run, fp32)
     else:
         scores, report, measures = _gate_single(recipe, data, scorer, fp32)
@@ -253,7 +249,7 @@ def run_tensorrt(
     log.info("engine parity: %s", report.as_dict())
     require_parity(report, f"the {precision} {layout} engine {plan.name}")
     _keep(plan, engines)
-    what = " multi-item" if is_multi_item(recipe) else ""
+    what = " multi-item" if recipe.publish.multi_item else ""
     row = evaluate_scores(
         f"TensorRT {precision}{what} (sm{cc[0]}{cc[1]})",
         scores,
@@ -270,7 +266,7 @@ def _plan_spec(recipe: Recipe, profiles, cc_files: dict[str, str], source: str):
 
     settings, name = recipe.publish, recipe.publish.model_name
     common = {"instance_count": recipe.tensorrt.instance_count, "parameters": {"source_model": source}}
-    if is_multi_item(recipe):
+    if recipe.publish.multi_item:
         return tensorrt_multi_item_scorer_spec(name, profiles, cc_files, **common)
     return tensorrt_scorer_spec(
         name=name,
@@ -290,7 +286,7 @@ def tensorrt_bundle(recipe: Recipe, tokenizer, tokenizer_file: Path, source: str
     from ..export.pipeline import build_scorer_bundle
 
     bundle = build_scorer_bundle(recipe.publish, tokenizer, tokenizer_file, source)
-    if is_multi_item(recipe):
+    if recipe.publish.multi_item:
         bundle = dataclasses.replace(bundle, max_batch_size=recipe_profiles(recipe)[0].max_members)
     return bundle
 
@@ -314,7 +310,7 @@ def publish_tensorrt(
     files = {p.name: p for p in plans}
     check_plan_config(to_model_config(spec), profiles, list(files))
     bundle = tensorrt_bundle(recipe, data.tokenizer, tokenizer_file, source)
-    if not is_multi_item(recipe):
+    if not recipe.publish.multi_item:
         # Triton reads warmup data from <model>/warmup/, outside the version publish_version writes: put
         # it there first (same bytes for every version of these buckets), so the new config finds it.
         # (The multi-item warmups are zero data: no files.)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from ..bundle import PromptSplit
+from ..bundle import SCORING_MULTI_ITEM, PromptSplit
 
 
 class ScoringLayout(BaseModel):
@@ -38,7 +38,7 @@ class ScoringLayout(BaseModel):
     @property
     def multi_item(self) -> bool:
         """Whether the scorer is served multi-item (one member prefix per call)."""
-        return self.scoring_mode == "multi_item"
+        return self.scoring_mode == SCORING_MULTI_ITEM
 
     def prompt_split(self) -> PromptSplit:
         """How scoring prompts are tokenized (member prefix and item suffixes apart)."""
