@@ -182,7 +182,7 @@ async def test_the_published_student_is_served(built):
 
 
 def test_stage_line_names_the_model_the_stage_carries_on():
-    from slimserve.buildstage.runner import _quality
+    from slimserve.buildstage.scorer_stages import quality as _quality
     from slimserve.evaluation.report import StageRow
 
     osscar = StageRow("pruned (osscar)", 0.79, 0.8, 0.5, retention=0.98)

@@ -668,18 +668,35 @@ def _report_quality(rows: list[GeneratorRow]) -> str:
     return f": {len(rows)} models' explanations and decode speeds (their grounding: the generator table)"
 
 
-def _stage_runner(ctx: GeneratorContext, seconds: dict[str, float], quality=_quality) -> StageRunner:
+def _stage_runner(ctx: GeneratorContext, seconds: dict[str, float], stage: str, apart=None) -> StageRunner:
+    quality = _report_quality if stage == REPORT_STAGE else _quality
     return StageRunner(
-        ctx.work, seconds, rows_file=ROWS_FILE, load_rows=load_rows, quality=quality, inputs=stage_inputs
+        ctx.work,
+        seconds,
+        rows_file=ROWS_FILE,
+        load_rows=load_rows,
+        quality=quality,
+        inputs=stage_inputs,
+        apart=apart,
     )
 
 
-def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[GeneratorRow]:
-    """Run (or skip, when done with the same settings) every generator stage, then check the KL gates.
-    The rows lack what only the report reads until ``report_generator`` completes them."""
-    stages = _stage_runner(ctx, seconds)
+def _run_stage(
+    ctx: GeneratorContext, seconds: dict[str, float], stage: str, apart=None
+) -> list[GeneratorRow]:
+    """Run (or skip, when done with the same settings) one generator stage, ``gen_report`` included; with
+    ``apart`` (``StageRunner.apart``) in a process of its own."""
+    function = run_report if stage == REPORT_STAGE else RUNNERS[stage]
+    runner = _stage_runner(ctx, seconds, stage, apart)
+    return runner.run(stage, stage_config(ctx.recipe, stage), partial(function, ctx))
+
+
+def run_generator(ctx: GeneratorContext, seconds: dict[str, float], apart=None) -> list[GeneratorRow]:
+    """Run (or skip, when done with the same settings) every generator stage, then check the KL gates;
+    with ``apart`` (``StageRunner.apart``) each stage that has to run does in a process of its own. The
+    rows lack what only the report reads until ``report_generator`` completes them."""
     for stage in active_stages(ctx.settings):
-        stages.run(stage, stage_config(ctx.recipe, stage), partial(RUNNERS[stage], ctx))
+        _run_stage(ctx, seconds, stage, apart)
         if stage == "gen_finetune":  # the fine-tuned teacher is the teacher of every later stage
             use_finetuned_teacher(ctx)
     rows = saved_rows(ctx)
@@ -687,10 +704,13 @@ def run_generator(ctx: GeneratorContext, seconds: dict[str, float]) -> list[Gene
     return rows
 
 
-def all_done(ctx: GeneratorContext) -> bool:
-    """Whether ``run_generator`` would run no stage (each finished before with the same settings)."""
-    stages = _stage_runner(ctx, {})
-    return all(stages.done(s, stage_config(ctx.recipe, s)) for s in active_stages(ctx.settings))
+def run_stage(recipe: Recipe, stage: str, seconds: dict[str, float]) -> list[GeneratorRow]:
+    """Run (or skip, when done) the generator's ``stage`` from the recipe and the work directory alone:
+    the entry of its own process (``stage_process``)."""
+    ctx = standalone_context(recipe)
+    if stage != "gen_finetune" and "gen_finetune" in active_stages(ctx.settings):
+        use_finetuned_teacher(ctx)
+    return _run_stage(ctx, seconds, stage)
 
 
 def use_finetuned_teacher(ctx: GeneratorContext) -> None:
@@ -703,12 +723,12 @@ def saved_rows(ctx: GeneratorContext) -> list[GeneratorRow]:
     return [row for stage in active_stages(ctx.settings) for row in load_rows(ctx.work / stage)]
 
 
-def report_generator(ctx: GeneratorContext, seconds: dict[str, float], rows: list[GeneratorRow]) -> None:
-    """Run (or skip) the report-only stage ``gen_report`` after ``run_generator``; complete its ``rows``
-    with the stage's figures and every model's grounding."""
-    measured = _stage_runner(ctx, seconds, _report_quality).run(
-        REPORT_STAGE, stage_config(ctx.recipe, REPORT_STAGE), partial(run_report, ctx)
-    )
+def report_generator(
+    ctx: GeneratorContext, seconds: dict[str, float], rows: list[GeneratorRow], apart=None
+) -> None:
+    """Run (or skip) the report-only stage ``gen_report`` after ``run_generator`` (with ``apart``, in a
+    process of its own); complete its ``rows`` with the stage's figures and every model's grounding."""
+    measured = _run_stage(ctx, seconds, REPORT_STAGE, apart)
     complete_rows(rows, measured)
     attach_grounding(ctx, rows)
 

@@ -40,7 +40,9 @@ def _work(flops: int, seconds: float) -> str:
 @dataclass
 class StageRunner:
     """Runs stages in ``work``, recording each run's seconds in ``seconds``; ``rows_file`` and
-    ``load_rows`` say where and how a stage's rows are kept, ``quality`` the closing words of its log line."""
+    ``load_rows`` say where and how a stage's rows are kept, ``quality`` the closing words of its log line.
+    With ``apart``, a stage that has to run runs through ``apart(stage)`` instead (in a process of its
+    own, where a runner without ``apart`` runs it: ``stage_process``) and its saved rows are read back."""
 
     work: Path
     seconds: dict[str, float]
@@ -48,6 +50,7 @@ class StageRunner:
     load_rows: Callable[[Path, str], list] = artifacts.load_rows
     quality: Callable[[list], str] = _no_quality
     inputs: Callable[[str], tuple[str, ...]] = _no_inputs  # the stages whose outputs a stage reads
+    apart: Callable[[str], None] | None = None
 
     def _config(self, stage: str, config: dict) -> dict:
         """``config`` with the runs of the stage's input stages (a new run of one re-runs it)."""
@@ -64,6 +67,9 @@ class StageRunner:
         config = self._config(stage, config)
         if artifacts.is_done(out, config):
             log.info("stage %s: done before with the same settings, skipped", stage)
+            return self.load_rows(out, self.rows_file)
+        if self.apart is not None:
+            self.apart(stage)
             return self.load_rows(out, self.rows_file)
         started = time.perf_counter()
         artifacts.prepare_stage(out, config)

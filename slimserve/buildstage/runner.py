@@ -18,12 +18,10 @@ from pathlib import Path
 from .. import atomic
 from ..errors import BuildError
 from ..evaluation.report import StageRow, markdown_table
-from . import artifacts, generator_stages
-from .context import BuildData, dataset_dir, prepare_data, stage_config, stage_inputs
-from .generator_process import run_generator_apart
+from . import artifacts, generator_stages, scorer_stages, stage_process
+from .context import BuildData, dataset_dir, prepare_data, stage_config
 from .generator_served import explain_copies_names, explain_penalty, served_check, served_rows
 from .recipe import Recipe
-from .resumable import StageRunner
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +68,15 @@ def run_build(
     on_scorer_published=None,
     on_generator_published=None,
 ) -> BuildResult:
-    """Run every stage of ``recipe``; raise ``BuildError`` when a stage or a gate fails.
+    """Run every stage of ``recipe``; raise ``BuildError`` when a stage or a gate fails. Each stage that
+    trains, decodes or measures runs in a process of its own (``stage_process``).
 
     With ``on_scorer_published`` (called with the ``BuildResult`` so far), the scorer is published as
     soon as its own gates passed, before the generator stages run (``slimserve up`` serves it
     meanwhile), and ``on_generator_published`` is called once the generator is, before the teacher's
     speed is measured for the report; without them, a failing generator gate publishes nothing."""
     from ..models.teacher import LazyTeacher
-    from .int8_stage import publish, run_int8, run_int8_single, run_speeds
-    from .stages import run_distill, run_prune, run_prune_baselines, run_redistill, run_teacher
+    from .int8_stage import publish
 
     if recipe.target == "tensorrt":
         from .tensorrt_stage import preflight
@@ -92,10 +90,7 @@ def run_build(
     work.mkdir(parents=True, exist_ok=True)
     atomic.write_text(work / "recipe.json", recipe.model_dump_json(indent=2) + "\n")
     seconds: dict[str, float] = {}
-    stages = StageRunner(work, seconds, quality=_quality, inputs=stage_inputs)
-
-    def timed(stage: str, fn):
-        return stages.run(stage, stage_config(recipe, stage), fn)
+    stages = scorer_stages.stage_runner(work, seconds, stage_process.apart(recipe, "scorer", seconds))
 
     started = time.perf_counter()
     dataset = dataset_dir(recipe, work)
@@ -106,19 +101,19 @@ def run_build(
     if recipe.generator is not None:
         generator = generator_stages.generator_context(recipe, data, loaded)
 
-    rows = list(timed("teacher", lambda out: run_teacher(recipe, data, loaded.fresh(), out)))
+    def timed(stage: str) -> list[StageRow]:
+        function = scorer_stages.stage_function(recipe, data, loaded, stage)
+        return stages.run(stage, stage_config(recipe, stage), function)
+
+    rows = list(timed("teacher"))
     teacher_auc = rows[-1].test_auc
     rows[0].retention, rows[-1].retention = rows[0].test_auc / teacher_auc, 1.0
-    teacher_dir = work / "teacher"
-    distilled = timed("distill", lambda out: run_distill(recipe, data, teacher_dir, out))
+    distilled = timed("distill")
     _gate(distilled[0], recipe.gates.distilled, teacher_auc)
-    pruned = timed("prune", lambda out: run_prune(recipe, data, teacher_dir, work / "distill", out))
-    pruned = [row for row in pruned if not row.notes.get("baseline")]  # (kept there by older builds)
+    pruned = [row for row in timed("prune") if not row.notes.get("baseline")]  # (kept there by older builds)
     for row in pruned:
         row.retention = row.test_auc / teacher_auc
-    redistilled = timed(
-        "redistill", lambda out: run_redistill(recipe, data, teacher_dir, work / "prune", out)
-    )
+    redistilled = timed("redistill")
     _gate(redistilled[0], recipe.gates.pruned_redistilled, teacher_auc)
     rows += distilled + pruned + redistilled
 
@@ -126,10 +121,7 @@ def run_build(
         """The magnitude-pruning baselines (stage ``prune_baselines``), in the table after OSSCAR's row."""
         if not recipe.prune.compare_magnitude:
             return
-        found = timed(
-            "prune_baselines",
-            lambda out: run_prune_baselines(recipe, data, teacher_dir, work / "distill", out),
-        )
+        found = timed("prune_baselines")
         for row in found:
             row.retention = row.test_auc / teacher_auc
         at = next(i for i, r in enumerate(rows) if r.stage == "pruned (osscar)") + 1
@@ -138,7 +130,8 @@ def run_build(
     if recipe.target == "tensorrt":
         from .tensorrt_stage import tensorrt_tail
 
-        final, publisher = tensorrt_tail(recipe, data, stages, loaded)
+        in_process = scorer_stages.stage_runner(work, seconds)
+        final, publisher = tensorrt_tail(recipe, data, in_process, loaded)
         _gate(final[0], recipe.gates.int8, teacher_auc)
         return _report_and_publish(
             recipe,
@@ -152,51 +145,26 @@ def run_build(
             baselines,
         )
 
-    chosen: dict[str, Path] = {}
-
-    def int8(out: Path) -> list[StageRow]:
-        int8_rows, path = run_int8(recipe, data, teacher_dir, work / "redistill", out, rows)
-        chosen["path"] = path
-        atomic.write_text(out / "chosen.json", json.dumps({"path": str(path.resolve())}) + "\n")
-        return int8_rows
-
-    int8_rows = timed("int8", int8)
-    if "path" not in chosen:
-        chosen["path"] = Path(json.loads((work / "int8" / "chosen.json").read_text())["path"])
+    int8_rows = timed("int8")
     for row in int8_rows:  # the published graph's: multi-item or single-sequence
         _gate(row, recipe.gates.int8, teacher_auc)
     rows += int8_rows
-    multi_item = recipe.publish.multi_item
-
-    def single_int8(rows: list[StageRow]) -> None:
-        """The single-sequence INT8 graph beside the published multi-item one (stage ``int8_single``),
-        in the table before it."""
-        found = timed(
-            "int8_single",
-            lambda out: run_int8_single(
-                recipe, data, teacher_dir, work / "redistill", work / "int8", rows, out
-            ),
-        )
-        rows[-1:-1] = found
 
     def report_only(rows: list[StageRow]) -> None:
-        """The baselines, the single-sequence INT8 graph (multi-item recipes), then every model's speed
-        and file size (stage ``speed``) into its row."""
+        """The baselines, the single-sequence INT8 graph before the published multi-item one (stage
+        ``int8_single``, multi-item recipes), then every model's speed and file size (stage ``speed``)
+        into its row."""
         baselines(rows)
-        if multi_item:
-            single_int8(rows)
-        graph_dirs = [work / "int8", *([work / "int8_single"] if multi_item else [])]
-        speed_stage = artifacts.SPEED_STAGE
-        measured = timed(
-            speed_stage, lambda out: run_speeds(recipe, data, teacher_dir, graph_dirs, rows, out)
-        )
-        by_stage = {r.stage: r for r in measured}
+        if recipe.publish.multi_item:
+            rows[-1:-1] = timed("int8_single")
+        by_stage = {r.stage: r for r in timed(artifacts.SPEED_STAGE)}
         for row in rows:
             if row.stage in by_stage:
                 found = by_stage[row.stage]
                 row.items_per_s_batch32, row.single_item_ms = found.items_per_s_batch32, found.single_item_ms
                 row.file_mb = found.file_mb
 
+    graph = scorer_stages.chosen_graph
     return _report_and_publish(
         recipe,
         rows,
@@ -204,22 +172,12 @@ def run_build(
         seconds,
         command,
         lambda card: publish(
-            recipe, data, chosen["path"], loaded.tokenizer_file, card, f"{loaded.name} (student)"
+            recipe, data, graph(work), loaded.tokenizer_file, card, f"{loaded.name} (student)"
         ),
         generator,
         (on_scorer_published, on_generator_published),
         report_only,
     )
-
-
-def _quality(rows) -> str:
-    """The closing words of a stage's line: the test AUC and retention of the model the stage carries
-    on (its last row that is not a baseline, such as the magnitude-pruning comparisons)."""
-    if not rows:
-        return ""
-    row = next((r for r in reversed(rows) if not r.notes.get("baseline")), rows[-1])
-    retention = "" if row.retention != row.retention else f", retention {row.retention:.3f}"  # NaN: unset
-    return f": {row.stage}, test AUC {row.test_auc:.3f}{retention}"
 
 
 def _report_and_publish(
@@ -265,13 +223,15 @@ def _report_and_publish(
         )
         result.generator_rows += served_rows(result.generator_published)
 
+    apart = stage_process.apart(recipe, "generator", seconds)
+
     def run_generator() -> None:
         if generator is not None:
-            result.generator_rows = run_generator_apart(generator, seconds)
+            result.generator_rows = generator_stages.run_generator(generator, seconds, apart)
 
     def report_generator() -> None:
         if generator is not None:
-            generator_stages.report_generator(generator, seconds, result.generator_rows)
+            generator_stages.report_generator(generator, seconds, result.generator_rows, apart)
 
     if on_scorer_published is None:  # everything measured and gated before anything is published
         fill_report(rows)

@@ -1,0 +1,101 @@
+"""A build stage in a process of its own (``stage_process.run_apart``): the child's errors come back as
+the parent's, with the child's message; a child killed without a word is a build error naming the
+signal; an interrupted parent leaves no child behind. (Its success path runs in every build test:
+``tests/test_build.py``, ``tests/test_up.py``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+from slimserve.buildstage import stage_process
+from slimserve.buildstage.recipe import load_recipe
+from slimserve.buildstage.stage_process import run_apart
+from slimserve.data.records import MEMBERS_FILE
+from slimserve.errors import BuildError, UserError
+
+
+def _tiny(tmp_path, **updates):
+    recipe = load_recipe("tiny")
+    return recipe.model_copy(update={"work_dir": tmp_path / "work", **updates})
+
+
+def _blocking_dataset(tmp_path):
+    """A recipe whose dataset's members file is a FIFO nobody writes: a stage's process waits on it."""
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    os.mkfifo(dataset / MEMBERS_FILE)
+    recipe = _tiny(tmp_path)
+    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"dataset": dataset})})
+
+
+def _stage_process(timeout_s: float = 120.0) -> psutil.Process:
+    """The stage's process: a child of the forkserver, this process's child."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for server in psutil.Process().children():
+            if "forkserver" in " ".join(server.cmdline()):
+                for child in server.children():
+                    return child
+        time.sleep(0.05)
+    raise AssertionError("no stage process started")
+
+
+def _in_thread(fn) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch sees no CUDA device")
+def test_a_user_error_in_the_child_is_the_parents_with_its_message(tmp_path):
+    recipe = _tiny(tmp_path)
+    recipe = recipe.model_copy(update={"generator": recipe.generator.model_copy(update={"device": "cuda"})})
+    seconds: dict[str, float] = {}
+    with pytest.raises(UserError, match=r"generator\.device: 'cuda' but torch sees no CUDA device"):
+        run_apart(recipe, "generator", "gen_finetune", seconds)
+    assert seconds == {}
+
+
+def test_a_child_killed_without_a_result_is_a_build_error_naming_the_signal(tmp_path):
+    recipe = _blocking_dataset(tmp_path)
+    thread, outcome = _in_thread(lambda: run_apart(recipe, "scorer", "teacher", {}))
+    _stage_process().kill()
+    thread.join(60)
+    assert isinstance(outcome.get("error"), BuildError), outcome
+    assert "stage teacher's process was killed by SIGKILL (out of memory?)" in str(outcome["error"])
+
+
+def test_an_interrupted_parent_stops_the_stage_process(tmp_path):
+    recipe = _blocking_dataset(tmp_path)
+    threading.Timer(0.0, lambda: (_stage_process().pid, os.kill(os.getpid(), signal.SIGINT))).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_apart(recipe, "scorer", "teacher", {})
+    server = next(p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline()))
+    assert server.children() == []  # stopped (SIGTERM) and reaped before run_apart returned
+
+
+def test_one_process_when_the_environment_asks(monkeypatch, tmp_path):
+    recipe = _tiny(tmp_path)
+    assert stage_process.apart(recipe, "scorer", {}) is not None
+    monkeypatch.setenv(stage_process.ONE_PROCESS_ENV, "1")
+    assert stage_process.apart(recipe, "scorer", {}) is None
+
+
+def test_an_unknown_kind_of_stage_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown kind of stage 'nope'"):
+        run_apart(_tiny(tmp_path), "nope", "teacher", {})
