@@ -35,14 +35,18 @@ def _blocking_dataset(tmp_path):
     return recipe.model_copy(update={"data": recipe.data.model_copy(update={"dataset": dataset})})
 
 
-def _stage_process(timeout_s: float = 120.0) -> psutil.Process:
-    """The stage's process: a child of the forkserver, this process's child."""
+def _forkserver() -> psutil.Process | None:
+    return next((p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())), None)
+
+
+def _stage_process(started_after: float, timeout_s: float = 120.0) -> psutil.Process:
+    """The stage's process started after ``started_after``: a child of the forkserver, this process's child."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for server in psutil.Process().children():
-            if "forkserver" in " ".join(server.cmdline()):
-                for child in server.children():
-                    return child
+        server = _forkserver()
+        for child in server.children() if server is not None else ():
+            if child.create_time() >= started_after and child.status() != psutil.STATUS_ZOMBIE:
+                return child
         time.sleep(0.05)
     raise AssertionError("no stage process started")
 
@@ -73,8 +77,9 @@ def test_a_user_error_in_the_child_is_the_parents_with_its_message(tmp_path):
 
 def test_a_child_killed_without_a_result_is_a_build_error_naming_the_signal(tmp_path):
     recipe = _blocking_dataset(tmp_path)
+    started = time.time() - 1.0  # create_time's resolution
     thread, outcome = _in_thread(lambda: run_apart(recipe, "scorer", "teacher", {}))
-    _stage_process().kill()
+    _stage_process(started).kill()
     thread.join(60)
     assert isinstance(outcome.get("error"), BuildError), outcome
     assert "stage teacher's process was killed by SIGKILL (out of memory?)" in str(outcome["error"])
@@ -82,11 +87,18 @@ def test_a_child_killed_without_a_result_is_a_build_error_naming_the_signal(tmp_
 
 def test_an_interrupted_parent_stops_the_stage_process(tmp_path):
     recipe = _blocking_dataset(tmp_path)
-    threading.Timer(0.0, lambda: (_stage_process().pid, os.kill(os.getpid(), signal.SIGINT))).start()
+    started, child = time.time() - 1.0, {}
+
+    def interrupt_once_it_runs():
+        try:
+            child["process"] = _stage_process(started)
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_it_runs, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         run_apart(recipe, "scorer", "teacher", {})
-    server = next(p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline()))
-    assert server.children() == []  # stopped (SIGTERM) and reaped before run_apart returned
+    assert not child["process"].is_running()  # stopped (SIGTERM) and reaped before run_apart returned
 
 
 def test_one_process_when_the_environment_asks(monkeypatch, tmp_path):
