@@ -17,7 +17,6 @@ import torch
 from slimserve.buildstage import stage_process
 from slimserve.buildstage.recipe import load_recipe
 from slimserve.buildstage.stage_process import run_apart
-from slimserve.data.records import MEMBERS_FILE
 from slimserve.errors import BuildError, UserError
 
 
@@ -26,29 +25,32 @@ def _tiny(tmp_path, **updates):
     return recipe.model_copy(update={"work_dir": tmp_path / "work", **updates})
 
 
-def _blocking_dataset(tmp_path):
-    """A recipe whose dataset's members file is a FIFO nobody writes: a stage's process waits on it."""
-    dataset = tmp_path / "dataset"
-    dataset.mkdir()
-    os.mkfifo(dataset / MEMBERS_FILE)
+def _endless_stage(tmp_path):
+    """A tiny recipe whose teacher stage trains for 100,000 epochs: its process runs until it is stopped."""
     recipe = _tiny(tmp_path)
-    return recipe.model_copy(update={"data": recipe.data.model_copy(update={"dataset": dataset})})
+    teacher = recipe.teacher.model_copy(
+        update={"train": recipe.teacher.train.model_copy(update={"epochs": 100_000})}
+    )
+    return recipe.model_copy(update={"teacher": teacher})
 
 
-def _forkserver() -> psutil.Process | None:
-    return next((p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())), None)
+def _forkserver_children() -> list[psutil.Process]:
+    """The children of the forkserver (this process's child), alive or not yet reaped."""
+    for server in psutil.Process().children():
+        if "forkserver" in " ".join(server.cmdline()):
+            return server.children()
+    return []
 
 
-def _stage_process(started_after: float, timeout_s: float = 120.0) -> psutil.Process:
-    """The stage's process started after ``started_after``: a child of the forkserver, this process's child."""
+def _stage_process(known: set[int], timeout_s: float = 120.0) -> psutil.Process:
+    """The stage's process: the forkserver's running child whose pid is not in ``known``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        server = _forkserver()
-        for child in server.children() if server is not None else ():
-            if child.create_time() >= started_after and child.status() != psutil.STATUS_ZOMBIE:
+        for child in _forkserver_children():
+            if child.pid not in known and child.status() != psutil.STATUS_ZOMBIE:
                 return child
         time.sleep(0.05)
-    raise AssertionError("no stage process started")
+    raise AssertionError(f"no stage process started (known: {known})")
 
 
 def _in_thread(fn) -> tuple[threading.Thread, dict]:
@@ -76,22 +78,22 @@ def test_a_user_error_in_the_child_is_the_parents_with_its_message(tmp_path):
 
 
 def test_a_child_killed_without_a_result_is_a_build_error_naming_the_signal(tmp_path):
-    recipe = _blocking_dataset(tmp_path)
-    started = time.time() - 1.0  # create_time's resolution
+    recipe = _endless_stage(tmp_path)
+    known = {p.pid for p in _forkserver_children()}
     thread, outcome = _in_thread(lambda: run_apart(recipe, "scorer", "teacher", {}))
-    _stage_process(started).kill()
+    _stage_process(known).kill()
     thread.join(60)
     assert isinstance(outcome.get("error"), BuildError), outcome
     assert "stage teacher's process was killed by SIGKILL (out of memory?)" in str(outcome["error"])
 
 
 def test_an_interrupted_parent_stops_the_stage_process(tmp_path):
-    recipe = _blocking_dataset(tmp_path)
-    started, child = time.time() - 1.0, {}
+    recipe = _endless_stage(tmp_path)
+    known, child = {p.pid for p in _forkserver_children()}, {}
 
     def interrupt_once_it_runs():
         try:
-            child["process"] = _stage_process(started)
+            child["process"] = _stage_process(known)
         finally:
             os.kill(os.getpid(), signal.SIGINT)
 

@@ -15,10 +15,13 @@ the rows the stage saved. Log lines and progress bars go to the parent's termina
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
 import os
+import signal
+import threading
 from collections.abc import Callable
 
 from ..errors import BuildError, StageError, UserError
@@ -34,6 +37,7 @@ _PRELOAD += ["transformers.models.llama.modeling_llama", "onnxruntime"]
 _ERRORS = {cls.__name__: cls for cls in (BuildError, StageError, UserError)}  # raised again in the parent
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STOP_WAIT_S = 30.0
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def apart(recipe: Recipe, kind: str, seconds: dict[str, float]) -> Callable[[str], None] | None:
@@ -55,9 +59,10 @@ def run_apart(recipe: Recipe, kind: str, stage: str, seconds: dict[str, float]) 
     reader, writer = context.Pipe(duplex=False)
     arguments = (kind, stage, recipe.model_dump_json(), writer, dict(os.environ), os.getcwd(), *_log_format())
     child = context.Process(target=_child, args=arguments, name=f"slimserve {kind} stage {stage}")
-    child.start()
-    writer.close()
     try:
+        with _signals_held():  # a Ctrl-C while it starts must not leave it running unseen
+            child.start()
+        writer.close()
         child.join()
     finally:
         _stop(child)
@@ -72,8 +77,6 @@ def run_apart(recipe: Recipe, kind: str, stage: str, seconds: dict[str, float]) 
 
 def _ended(code: int) -> str:
     """How a child process ended, from its exit code (negative: the signal that killed it)."""
-    import signal
-
     if code >= 0:
         return f"exited with code {code}"
     name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
@@ -99,9 +102,28 @@ def _context():
     return context
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM that arrive in the block take effect when it ends (in the main thread; elsewhere
+    signals reach the main thread anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _frame: held.append(number)) for sig in _HELD}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for number in held:
+            signal.raise_signal(number)
+
+
 def _stop(child) -> None:
-    """End ``child`` if it still runs (the parent was interrupted), SIGKILL after ``_STOP_WAIT_S``."""
-    if child.exitcode is not None:
+    """End ``child`` if it started and still runs (the parent was interrupted), SIGKILL after
+    ``_STOP_WAIT_S``."""
+    if child.pid is None or child.exitcode is not None:
         return
     child.terminate()
     child.join(_STOP_WAIT_S)
@@ -128,9 +150,7 @@ class _Defaults(logging.Filter):
 
 def _die_with_parent() -> None:
     """Ask Linux to end this process when its parent (the forkserver, which ends with the build) does."""
-    import contextlib
     import ctypes
-    import signal
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
