@@ -564,6 +564,9 @@ def run_up(options: UpConfig) -> int:
     try:
         return asyncio.run(_build_and_serve(options, recipe, state))
     except _Interrupted:
+        from .buildstage.stage_process import stop_all
+
+        stop_all()  # the build thread is left to the exit: its stage's process ends now
         print(  # noqa: T201
             f"\nInterrupted: the next `slimserve up` resumes the build where it stopped "
             f"({recipe.resolved_work_dir()})",

@@ -38,6 +38,8 @@ _ERRORS = {cls.__name__: cls for cls in (BuildError, StageError, UserError)}  # 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STOP_WAIT_S = 30.0
 _HELD = (signal.SIGINT, signal.SIGTERM)
+_running: set = set()  # the stages' processes that run now
+_stopping = threading.Event()  # set by ``stop_all``
 
 
 def apart(recipe: Recipe, kind: str, seconds: dict[str, float]) -> Callable[[str], None] | None:
@@ -55,16 +57,24 @@ def run_apart(recipe: Recipe, kind: str, stage: str, seconds: dict[str, float]) 
     the child is stopped before this returns."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind of stage {kind!r} (known: {', '.join(KINDS)})")
+    if _stopping.is_set():
+        raise BuildError(f"stage {stage} not started: the build is stopping")
     context = _context()
     reader, writer = context.Pipe(duplex=False)
     arguments = (kind, stage, recipe.model_dump_json(), writer, dict(os.environ), os.getcwd(), *_log_format())
-    child = context.Process(target=_child, args=arguments, name=f"slimserve {kind} stage {stage}")
+    # daemon: when the build's process exits without waiting for the stage (``slimserve up`` stopped by a
+    # signal, its build thread left to the exit), multiprocessing ends the child instead of joining it
+    child = context.Process(
+        target=_child, args=arguments, name=f"slimserve {kind} stage {stage}", daemon=True
+    )
     try:
         with _signals_held():  # a Ctrl-C while it starts must not leave it running unseen
             child.start()
+            _running.add(child)
         writer.close()
         child.join()
     finally:
+        _running.discard(child)
         _stop(child)
     result = _received(reader)
     seconds.update(result.get("seconds", {}))
@@ -73,6 +83,14 @@ def run_apart(recipe: Recipe, kind: str, stage: str, seconds: dict[str, float]) 
         raise _ERRORS.get(error["kind"], BuildError)(error["message"])
     if child.exitcode != 0:
         raise BuildError(f"stage {stage}'s process {_ended(child.exitcode)} (its log is above)")
+
+
+def stop_all() -> None:
+    """Stop the stages' processes that run now and start no more (``slimserve up`` interrupted: its build
+    thread is left to the process's exit)."""
+    _stopping.set()
+    for child in list(_running):
+        child.terminate()
 
 
 def _ended(code: int) -> str:
