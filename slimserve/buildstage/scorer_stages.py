@@ -2,7 +2,7 @@
 
 A stage reads what it needs from the directories of the stages before it (the teacher's test logits
 and rows, the previous student), so a build can run each in a process of its own
-(``stage_process.run_apart``, which calls ``run_stage`` there) or in its own process, alike.
+(``stage_process.run_apart``, which calls ``run_stage`` there) or in the build's process, alike.
 """
 
 from __future__ import annotations
