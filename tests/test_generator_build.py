@@ -4,6 +4,7 @@ scorer."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -43,7 +44,12 @@ from slimserve.compression.generator_distill import (
     sparse_forward_kl,
     topk_targets,
 )
-from slimserve.compression.generator_eval import evaluate_text, token_sums
+from slimserve.compression.generator_eval import (
+    TeacherPositions,
+    evaluate_text,
+    summarise_teacher,
+    token_sums,
+)
 from slimserve.compression.generator_finetune import finetune_on_answers
 from slimserve.compression.trainer import TrainConfig
 from slimserve.data.explanations import OFF_TOPIC_INSTRUCTIONS, general_instructions
@@ -185,21 +191,34 @@ def test_evaluation_of_a_model_against_itself_and_hf_loss():
     assert evaluate_text(other, model, prompts, responses).kl > 0
 
 
-def test_evaluation_reuses_the_cached_teacher_logprobs():
+def test_evaluation_reads_the_teachers_kept_positions_instead_of_running_it(tmp_path):
     teacher = load_teacher("tiny", seed=1).model
-    student = load_teacher("tiny", seed=2).model
+    student = copy.deepcopy(teacher)  # a student keeps the teacher's LM head (embeddings frozen)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in student.get_decoder().layers.parameters():
+            parameter.add_(torch.randn_like(parameter))
     prompts, responses = [[5, 6, 7], [8, 9], [3, 4]], [[10, 11], [12, 13, 14], [15]]
+    own, positions = summarise_teacher(teacher, prompts, responses, batch_size=2)
+    assert own == evaluate_text(teacher, teacher, prompts, responses, batch_size=2)
+    positions.save(tmp_path / "kept.npz")
+    kept = TeacherPositions.load(tmp_path / "kept.npz")
     fresh = evaluate_text(student, teacher, prompts, responses, batch_size=2)
-    cache: list = []
-    first = evaluate_text(student, teacher, prompts, responses, batch_size=2, teacher_cache=cache)
-    assert len(cache) == 2 and first == fresh
     calls = []
     hook = teacher.register_forward_hook(lambda *args: calls.append(1))
     try:
-        again = evaluate_text(student, teacher, prompts, responses, batch_size=2, teacher_cache=cache)
+        read = evaluate_text(student, teacher, prompts, responses, batch_size=2, positions=kept)
     finally:
         hook.remove()
-    assert again == fresh and not calls  # the teacher did not run again
+    assert not calls and fresh.kl > 0.01  # the teacher did not run
+    assert read.loss == fresh.loss and read.top1_agreement == fresh.top1_agreement
+    assert read.kl == pytest.approx(fresh.kl, rel=1e-5)
+    with pytest.raises(ValueError, match="not those of this text"):
+        evaluate_text(student, teacher, prompts, [[10, 11], [12, 13, 99], [15]], batch_size=2, positions=kept)
+    other = load_teacher("tiny", seed=2).model  # another head: the teacher runs
+    assert evaluate_text(other, teacher, prompts, responses, 2, positions=kept) == evaluate_text(
+        other, teacher, prompts, responses, 2
+    )
 
 
 def _with_generator(recipe, section: str, **changes):

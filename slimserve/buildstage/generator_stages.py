@@ -47,6 +47,9 @@ FREE_PROMPT_KEY = "instruction"  # teacher-text key of a free instruction: instr
 FREE_PROMPT_TEXT_SEED_OFFSET = 41  # the teacher text's free instructions: teacher_text.seed + this
 GROUNDING_FILE = "grounding.json"  # their per-pair checks, rewritten at every run
 FINETUNE_SET_FILE = "finetune_set.json"  # the generator teacher's fine-tune texts: [{kind, text, ...}]
+HELDOUT_POSITIONS_FILE = (
+    "heldout_teacher.npz"  # in gen_teacher: the teacher on its held-out text (TeacherPositions)
+)
 ZERO_SHOT_ROW = "generator teacher (zero-shot)"
 STUDENT_ROWS = {  # stage -> the label of its student's row
     "gen_prune": "generator pruned (osscar)",
@@ -70,9 +73,6 @@ class GeneratorContext:
     load_original: Callable[[], object] = field(init=False, repr=False)  # the teacher as packaged
     _teacher: object = field(default=None, init=False, repr=False)
     _reference: object = field(default=None, init=False, repr=False)
-    # The teacher's log-probs on its held-out text, per evaluation batch: computed by the first evaluation,
-    # reused by every later one (the teacher and the text stay the same; a new teacher clears them).
-    heldout_teacher_logprobs: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.load_original = self.load_teacher  # kept: ``replace_teacher`` changes ``load_teacher``
@@ -102,7 +102,6 @@ class GeneratorContext:
     def replace_teacher(self, load: Callable[[], object]) -> None:
         """From now on the teacher is what ``load`` returns (loaded when a stage first needs it)."""
         self.load_teacher, self._teacher, self._reference = load, None, None
-        self.heldout_teacher_logprobs = []
 
     def load_student(self, stage: str):
         """A stage's saved model, on the generator's device."""
@@ -220,22 +219,35 @@ def _own_samples(ctx: GeneratorContext, label: str, model, row: GeneratorRow, he
     row.own_sample_tokens = own.tokens / len(samples)
 
 
-def evaluate(ctx: GeneratorContext, label: str, model, own_samples: bool) -> GeneratorRow:
+def evaluate(
+    ctx: GeneratorContext, label: str, model, own_samples: bool, out: Path | None = None
+) -> GeneratorRow:
     """What a gate or the stage's line reads of ``model``: its held-out figures on the teacher's text, its
-    size and, with ``own_samples``, its KL on its own samples (the rest of its row: ``run_report``)."""
-    from ..compression.generator_eval import evaluate_text
+    size and, with ``own_samples``, its KL on its own samples (the rest of its row: ``run_report``). The
+    teacher's own evaluation writes its kept positions to ``out`` (``HELDOUT_POSITIONS_FILE``); a
+    student's reads them from stage ``gen_teacher`` instead of running the teacher on its text again."""
+    from ..compression.generator_eval import TeacherPositions, evaluate_text, summarise_teacher
 
     heldout, reference = ctx.text("heldout"), ctx.reference_teacher
+    batch_size = ctx.settings.evaluation.batch_size
+    kept = ctx.work / "gen_teacher" / HELDOUT_POSITIONS_FILE
     with progress_bar(len(heldout.prompts), f"evaluate {label} on teacher text") as bar:
-        text = evaluate_text(
-            reference if model is ctx.teacher else model,  # the teacher against itself: KL 0
-            reference,
-            heldout.prompts,
-            heldout.responses,
-            ctx.settings.evaluation.batch_size,
-            bar.update,
-            ctx.heldout_teacher_logprobs,
-        )
+        if model is ctx.teacher:  # against itself: KL 0
+            text, positions = summarise_teacher(
+                reference, heldout.prompts, heldout.responses, batch_size, bar.update
+            )
+            if out is not None:
+                positions.save(out / HELDOUT_POSITIONS_FILE)
+        else:
+            text = evaluate_text(
+                model,
+                reference,
+                heldout.prompts,
+                heldout.responses,
+                batch_size,
+                bar.update,
+                TeacherPositions.load(kept) if kept.is_file() else None,
+            )
     row = GeneratorRow(label, text.loss, text.kl, text.top1_agreement, notes={"heldout_tokens": text.tokens})
     if model is ctx.teacher:
         row.kl_own_samples = 0.0
@@ -379,7 +391,7 @@ def run_teacher_text(ctx: GeneratorContext, out: Path) -> list[GeneratorRow]:
                 ctx.teacher, prompts, sampling, ctx.end_ids, settings.batch_size, top_k, bar.update
             )
         TeacherText(keys, prompts, generated).save(out, name, ctx.decode)
-    return [evaluate(ctx, ctx.teacher_label, ctx.teacher, own_samples=False)]
+    return [evaluate(ctx, ctx.teacher_label, ctx.teacher, own_samples=False, out=out)]
 
 
 def _calibration(ctx: GeneratorContext) -> list:

@@ -81,12 +81,10 @@ def _training_forward(model) -> Iterator[None]:
         yield
 
 
-def response_logprobs(model, batch: ResponseBatch, training: bool = False) -> torch.Tensor:
-    """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
-    token (on the model's device); the LM head runs only there. ``training``: the decoder runs at the
-    training stage's precision (``precision.compute``) with ``TRAINING_ATTENTION``; the LM head and the
-    log-softmax are FP32 whatever it is (a BF16 logit's rounding, about 0.06 at 16, is as large as the
-    differences the KL is made of)."""
+def response_hidden(model, batch: ResponseBatch, training: bool = False) -> torch.Tensor:
+    """The decoder's last hidden states [response tokens, hidden] (FP32, on the model's device) at the
+    positions predicting each response token: what the LM head reads. ``training``: the decoder runs at
+    the training stage's precision (``precision.compute``) with ``TRAINING_ATTENTION``."""
     device = model.device
     with _training_forward(model) if training else contextlib.nullcontext():
         hidden = model.get_decoder()(
@@ -94,8 +92,15 @@ def response_logprobs(model, batch: ResponseBatch, training: bool = False) -> to
             attention_mask=batch.attention_mask.to(device),
             use_cache=False,
         ).last_hidden_state
-    selected = hidden[batch.rows.to(device), batch.cols.to(device)].float()
-    logits = model.get_output_embeddings()(selected)
+    return hidden[batch.rows.to(device), batch.cols.to(device)].float()
+
+
+def response_logprobs(model, batch: ResponseBatch, training: bool = False) -> torch.Tensor:
+    """Log-probs over the vocabulary [response tokens, vocab] at the positions predicting each response
+    token (``response_hidden``); the LM head runs only there. The LM head and the log-softmax are FP32
+    whatever the decoder's precision (a BF16 logit's rounding, about 0.06 at 16, is as large as the
+    differences the KL is made of)."""
+    logits = model.get_output_embeddings()(response_hidden(model, batch, training))
     return torch.log_softmax(logits.float(), dim=-1)
 
 

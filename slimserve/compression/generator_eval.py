@@ -8,14 +8,18 @@ All figures are means per response token over the full vocabulary (no top-k here
 
 from __future__ import annotations
 
+import io
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 
+import numpy as np
 import torch
 
+from .. import atomic
 from .generator_data import Sampling, generate
-from .generator_distill import response_batch, response_logprobs
+from .generator_distill import ResponseBatch, response_batch, response_hidden, response_logprobs
 
 
 @dataclass
@@ -38,6 +42,95 @@ def token_sums(
     return float(loss), float(kl), float(agree)
 
 
+@dataclass
+class TeacherPositions:
+    """The teacher's distribution ``p`` at each evaluated position (in ``evaluate_text``'s order), kept as
+    what the KL to a model with the same LM head weight ``W`` needs. With ``q = softmax(W h)``,
+    ``sum p log q = (p W) . h - logsumexp(W h) sum p``, so KL(p || q) needs ``sum p log p``, ``sum p``
+    and the row ``p W`` per position: 2,753 positions of the cpu recipe take 6 MB, their full log-probs
+    541 MB. The students keep the teacher's (tied, frozen) embeddings, so their evaluations on the
+    teacher's text need no teacher pass."""
+
+    negentropy: np.ndarray  # [n] float64: sum p log p
+    mass: np.ndarray  # [n] float64: sum p (1 but for rounding)
+    expected_row: np.ndarray  # [n, hidden] float32: p W
+    argmax: np.ndarray  # [n] int64: the teacher's most likely token
+    targets: np.ndarray  # [n] int64: the text's token (a check that the text is the same)
+
+    @classmethod
+    def of(cls, logprobs: torch.Tensor, head_weight: torch.Tensor, targets: torch.Tensor) -> TeacherPositions:
+        p = logprobs.exp()
+        exact = p.double()
+        return cls(
+            (exact * logprobs.double()).sum(-1).cpu().numpy(),
+            exact.sum(-1).cpu().numpy(),
+            (p @ head_weight.float()).cpu().numpy(),
+            logprobs.argmax(-1).cpu().numpy(),
+            targets.cpu().numpy(),
+        )
+
+    @classmethod
+    def joined(cls, parts: Sequence[TeacherPositions]) -> TeacherPositions:
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+    def rows(self, start: int, count: int) -> TeacherPositions:
+        return TeacherPositions(*(getattr(self, f.name)[start : start + count] for f in fields(self)))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def save(self, path: Path) -> None:
+        stream = io.BytesIO()
+        np.savez(stream, **{f.name: getattr(self, f.name) for f in fields(self)})
+        atomic.write_bytes(path, stream.getvalue())
+
+    @classmethod
+    def load(cls, path: Path) -> TeacherPositions:
+        with np.load(path) as arrays:
+            return cls(*(arrays[f.name] for f in fields(cls)))
+
+
+def shares_head(model, teacher) -> bool:
+    """True when ``model``'s LM head is ``teacher``'s: the same weight and no bias (``TeacherPositions``)."""
+    mine, theirs = model.get_output_embeddings(), teacher.get_output_embeddings()
+    if getattr(mine, "bias", None) is not None or getattr(theirs, "bias", None) is not None:
+        return False
+    return mine.weight.shape == theirs.weight.shape and torch.equal(
+        mine.weight, theirs.weight.to(mine.weight)
+    )
+
+
+def position_sums(model, batch: ResponseBatch, teacher: TeacherPositions) -> tuple[float, float, float]:
+    """``token_sums`` of ``model`` on ``batch`` against the teacher's kept ``positions`` of it (their
+    LM heads the same: ``shares_head``): no teacher pass."""
+    if not np.array_equal(teacher.targets, batch.targets.numpy()):
+        raise ValueError("the teacher's kept positions are not those of this text (its tokens differ)")
+    hidden = response_hidden(model, batch)
+    logits = model.get_output_embeddings()(hidden).float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    loss = -logprobs.gather(-1, batch.targets.to(logits.device)[:, None]).sum()
+    as_tensor = lambda values: torch.from_numpy(values).to(logits.device)  # noqa: E731
+    cross = (as_tensor(teacher.expected_row).double() * hidden.double()).sum(-1)
+    cross -= torch.logsumexp(logits, dim=-1).double() * as_tensor(teacher.mass)
+    kl = (as_tensor(teacher.negentropy) - cross).sum()
+    agree = (as_tensor(teacher.argmax) == logprobs.argmax(-1)).sum()
+    return float(loss), float(kl), float(agree)
+
+
+def _batches(prompts, responses, batch_size: int) -> Iterator[tuple[int, ResponseBatch]]:
+    """(prompts in it, batch) of an evaluation, shortest sequences first."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        yield len(chunk), response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
+
+
+def _metrics(totals: Sequence[float], tokens: int) -> TextMetrics:
+    if not tokens:
+        raise ValueError("no response tokens to evaluate")
+    return TextMetrics(totals[0] / tokens, totals[1] / tokens, totals[2] / tokens, tokens)
+
+
 @torch.no_grad()
 def evaluate_text(
     model,
@@ -46,34 +139,59 @@ def evaluate_text(
     responses: Sequence[Sequence[int]],
     batch_size: int = 4,
     progress: Callable[[int], object] | None = None,
-    teacher_cache: list[torch.Tensor] | None = None,
+    positions: TeacherPositions | None = None,
 ) -> TextMetrics:
     """Teacher-forced metrics of ``model`` on ``responses`` continuing ``prompts`` (``model`` may be the
-    teacher itself: then KL is 0 and agreement 1). ``teacher_cache``, when given, keeps the teacher's
-    log-probs per batch: filled by the first call, read by later ones on the same texts and batch size."""
+    teacher itself: then KL is 0 and agreement 1). ``positions``, the teacher's kept positions of these
+    texts (``summarise_teacher``, the same batch size), replace the teacher's pass when ``model`` has the
+    teacher's LM head."""
     model.eval()
     teacher.eval()
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
-    totals = [0.0, 0.0, 0.0]
-    tokens = 0
-    for number, start in enumerate(range(0, len(order), batch_size)):
-        chunk = order[start : start + batch_size]
-        batch = response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
-        if teacher_cache is not None and number < len(teacher_cache):
-            teacher_lp = teacher_cache[number]
+    kept = positions if positions is not None and shares_head(model, teacher) else None
+    totals, tokens = [0.0, 0.0, 0.0], 0
+    for count, batch in _batches(prompts, responses, batch_size):
+        if kept is not None:
+            sums = position_sums(model, batch, kept.rows(tokens, len(batch.targets)))
         else:
             teacher_lp = response_logprobs(teacher, batch)
-            if teacher_cache is not None:
-                teacher_cache.append(teacher_lp)
-        model_lp = teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
-        for index, value in enumerate(token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))):
-            totals[index] += value
+            model_lp = (
+                teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
+            )
+            sums = token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))
+        totals = [total + value for total, value in zip(totals, sums, strict=True)]
         tokens += len(batch.targets)
         if progress is not None:
-            progress(len(chunk))
-    if not tokens:
-        raise ValueError("no response tokens to evaluate")
-    return TextMetrics(totals[0] / tokens, totals[1] / tokens, totals[2] / tokens, tokens)
+            progress(count)
+    if kept is not None and tokens != len(kept):
+        raise ValueError(f"the teacher's kept positions are {len(kept)}, this text has {tokens}")
+    return _metrics(totals, tokens)
+
+
+@torch.no_grad()
+def summarise_teacher(
+    teacher,
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    batch_size: int = 4,
+    progress: Callable[[int], object] | None = None,
+) -> tuple[TextMetrics, TeacherPositions]:
+    """``evaluate_text(teacher, teacher, ...)`` and, from the same pass, the teacher's positions that later
+    evaluations of models with its LM head read instead of running it (``TeacherPositions``)."""
+    teacher.eval()
+    head = teacher.get_output_embeddings().weight
+    totals, tokens, parts = [0.0, 0.0, 0.0], 0, []
+    for count, batch in _batches(prompts, responses, batch_size):
+        logprobs = response_logprobs(teacher, batch)
+        targets = batch.targets.to(logprobs.device)
+        totals = [
+            total + value
+            for total, value in zip(totals, token_sums(logprobs, logprobs, targets), strict=True)
+        ]
+        parts.append(TeacherPositions.of(logprobs, head, targets))
+        tokens += len(batch.targets)
+        if progress is not None:
+            progress(count)
+    return _metrics(totals, tokens), TeacherPositions.joined(parts)
 
 
 def evaluate_own_samples(
