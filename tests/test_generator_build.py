@@ -26,6 +26,7 @@ from slimserve.buildstage.generator_stages import (
     FREE_PROMPT_KEY,
     FREE_PROMPT_TEXT_SEED_OFFSET,
     GENERATOR_STAGES,
+    HELDOUT_POSITIONS_FILE,
     REPORT_STAGE,
     active_stages,
     check_gates,
@@ -145,6 +146,22 @@ def test_teacher_text_is_cached_with_the_teachers_own_targets(built):
     assert torch.equal(ids[:, 0], torch.cat([c[1] for c in cached])[:, 0])
     heldout = TeacherText.load(recipe.resolved_work_dir() / "gen_teacher", "heldout")
     assert len(heldout.prompts) == settings.heldout_prompts and not set(heldout.keys) & set(train.keys)
+
+
+def test_students_rows_on_the_teachers_text_equal_an_evaluation_with_the_teachers_pass(built):
+    recipe, ctx, rows, _ = built
+    work = recipe.resolved_work_dir()
+    heldout = TeacherText.load(work / "gen_teacher", "heldout")
+    kept = TeacherPositions.load(work / "gen_teacher" / HELDOUT_POSITIONS_FILE)
+    assert len(kept) == sum(len(r) for r in heldout.responses)
+    batch_size = ctx.settings.evaluation.batch_size
+    for stage, row in zip(GENERATOR_STAGES[2:], rows[2:], strict=True):
+        student = ctx.load_student(stage)
+        with_pass = evaluate_text(
+            student, ctx.reference_teacher, heldout.prompts, heldout.responses, batch_size
+        )
+        assert row.kl_teacher_text == pytest.approx(with_pass.kl, rel=1e-5, abs=1e-7)
+        assert row.loss_teacher_text == with_pass.loss and row.top1_agreement == with_pass.top1_agreement
 
 
 def test_onpolicy_stage_samples_from_the_student(built):
