@@ -73,11 +73,14 @@ def load_array(stage_dir: Path, name: str) -> np.ndarray:
     return np.load(stage_dir / f"{name}.npy")
 
 
-def save_rows(stage_dir: Path, rows: list[StageRow], name: str = "rows.json") -> None:
+ROWS_FILE = "rows.json"  # a scorer stage's rows
+
+
+def save_rows(stage_dir: Path, rows: list[StageRow], name: str = ROWS_FILE) -> None:
     atomic.write_text(stage_dir / name, json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
 
 
-def load_rows(stage_dir: Path, name: str = "rows.json") -> list[StageRow]:
+def load_rows(stage_dir: Path, name: str = ROWS_FILE) -> list[StageRow]:
     rows = []
     for data in json.loads((stage_dir / name).read_text()):
         data.pop("non_embedding_parameters", None)

@@ -46,7 +46,7 @@ class StageRunner:
 
     work: Path
     seconds: dict[str, float]
-    rows_file: str = "rows.json"
+    rows_file: str = artifacts.ROWS_FILE
     load_rows: Callable[[Path, str], list] = artifacts.load_rows
     quality: Callable[[list], str] = _no_quality
     inputs: Callable[[str], tuple[str, ...]] = _no_inputs  # the stages whose outputs a stage reads

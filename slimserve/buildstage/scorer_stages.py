@@ -45,7 +45,10 @@ def stage_runner(work: Path, seconds: dict[str, float], apart=None) -> StageRunn
 def saved_rows(work: Path, stages) -> list[StageRow]:
     """The rows the ``stages`` saved in ``work``, in order (those that saved none skipped)."""
     return [
-        row for s in stages if (work / s / "rows.json").is_file() for row in artifacts.load_rows(work / s)
+        row
+        for s in stages
+        if (work / s / artifacts.ROWS_FILE).is_file()
+        for row in artifacts.load_rows(work / s)
     ]
 
 

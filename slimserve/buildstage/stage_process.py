@@ -97,7 +97,10 @@ def _ended(code: int) -> str:
     """How a child process ended, from its exit code (negative: the signal that killed it)."""
     if code >= 0:
         return f"exited with code {code}"
-    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:  # a number no signal of this platform has
+        name = str(-code)
     return f"was killed by {name}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
 
 
