@@ -47,10 +47,11 @@ class TeacherPositions:
     """The teacher's distribution ``p`` at each evaluated position (in ``evaluate_text``'s order), kept as
     what the KL to a model with the same LM head weight ``W`` needs. With ``q = softmax(W h)``,
     ``sum p log q = (p W) . h - logsumexp(W h) sum p``, so KL(p || q) needs ``sum p log p``, ``sum p``
-    and the row ``p W`` per position: 2,753 positions of the cpu recipe take 13 MB, their full log-probs
-    541 MB. The row and the log-sum-exp are float64: the two terms are about 20 each and their difference
-    about 0.1, so FP32 would leave an error of about 1e-5 in a KL of 0.03. The students keep the teacher's (tied, frozen) embeddings, so their evaluations on the
-    teacher's text need no teacher pass."""
+    and the row ``p W`` per position: the cpu recipe's 2,800 or so take 13 MB, their full log-probs
+    over 540 MB. The row and the log-sum-exp are float64: the two terms are about 20 each and their
+    difference about 0.1, so FP32 would leave an error of about 1e-5 in a KL of 0.03. The students keep
+    the teacher's (tied, frozen) embeddings, so their evaluations on the teacher's text need no teacher
+    pass."""
 
     negentropy: np.ndarray  # [n] float64: sum p log p
     mass: np.ndarray  # [n] float64: sum p (1 but for rounding)
