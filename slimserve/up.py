@@ -343,7 +343,13 @@ class _Build:
             else:
                 future.set_result(value)
 
-        self.loop.call_soon_threadsafe(settle)
+        if self.loop.is_closed():  # slimserve up is exiting (Ctrl-C, SIGTERM): nobody waits for it
+            return
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # closed between the check and the call
+            if not self.loop.is_closed():
+                raise
 
 
 SCORING_START_WAIT_S = 600.0  # the longest the build waits for the ScoringService before going on

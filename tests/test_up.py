@@ -57,6 +57,7 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     code, first = _ctrl_c_at(tmp_path / "first.log", _up(tmp_path), "stage distill: running")
     assert code == 130, first
     assert "Interrupted: the next `slimserve up` resumes the build" in first
+    assert "Exception in thread" not in first  # the build thread's stopped stage is not a traceback
     assert "stage teacher: finished in" in first and "test AUC" in first  # the stage's closing line
     assert not (tmp_path / "model_repository" / "scorer").exists()
 
@@ -127,3 +128,18 @@ def test_up_builds_resumes_after_ctrl_c_then_serves_the_published_models_at_once
     assert code == 1, output
     assert "The generator was not published: quality gate failed" in output
     assert "ScoringService keeps serving the scoring student" in output and "Sample request" in output
+
+
+def test_the_build_thread_hands_nothing_to_a_closed_event_loop():
+    """``slimserve up`` stopped while a stage runs after the services started: the stage's process is
+    stopped, and the build thread's error arrives after the event loop closed. It is dropped, not a
+    traceback from the thread (seen once on a Ctrl-C during the post-serving stage ``speed``)."""
+    import asyncio
+
+    from slimserve.up import _Build
+
+    loop = asyncio.new_event_loop()
+    build = _Build(loop, loop.create_future(), loop.create_future(), loop.create_future())
+    loop.close()
+    build.post(build.done, error=RuntimeError("stage speed's process exited with code 143"))
+    assert not build.done.done()
