@@ -343,11 +343,9 @@ class _Build:
             else:
                 future.set_result(value)
 
-        if self.loop.is_closed():  # slimserve up is exiting (Ctrl-C, SIGTERM): nobody waits for it
-            return
         try:
             self.loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # closed between the check and the call
+        except RuntimeError:  # the loop closed: slimserve up is exiting (Ctrl-C, SIGTERM), nobody waits
             if not self.loop.is_closed():
                 raise
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -119,15 +119,24 @@ def position_sums(model, batch: ResponseBatch, teacher: TeacherPositions) -> tup
     return float(loss), float(kl), float(agree)
 
 
-def _batches(prompts, responses, batch_size: int) -> Iterator[tuple[int, ResponseBatch]]:
-    """(prompts in it, batch) of an evaluation, shortest sequences first."""
+def _evaluated(
+    prompts,
+    responses,
+    batch_size: int,
+    progress: Callable[[int], object] | None,
+    sums_of: Callable[[ResponseBatch, int], tuple[float, float, float]],
+) -> TextMetrics:
+    """The per-token means of ``sums_of(batch, offset)`` (``token_sums``' three sums; ``offset``: the
+    response tokens of the batches before) over the evaluation's batches, shortest sequences first."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + len(responses[i]))
+    totals, tokens = [0.0, 0.0, 0.0], 0
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        yield len(chunk), response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
-
-
-def _metrics(totals: Sequence[float], tokens: int) -> TextMetrics:
+        batch = response_batch([prompts[i] for i in chunk], [responses[i] for i in chunk])
+        totals = [total + value for total, value in zip(totals, sums_of(batch, tokens), strict=True)]
+        tokens += len(batch.targets)
+        if progress is not None:
+            progress(len(chunk))
     if not tokens:
         raise ValueError("no response tokens to evaluate")
     return TextMetrics(totals[0] / tokens, totals[1] / tokens, totals[2] / tokens, tokens)
@@ -150,23 +159,18 @@ def evaluate_text(
     model.eval()
     teacher.eval()
     kept = positions if positions is not None and shares_head(model, teacher) else None
-    totals, tokens = [0.0, 0.0, 0.0], 0
-    for count, batch in _batches(prompts, responses, batch_size):
+
+    def sums_of(batch: ResponseBatch, offset: int) -> tuple[float, float, float]:
         if kept is not None:
-            sums = position_sums(model, batch, kept.rows(tokens, len(batch.targets)))
-        else:
-            teacher_lp = response_logprobs(teacher, batch)
-            model_lp = (
-                teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
-            )
-            sums = token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))
-        totals = [total + value for total, value in zip(totals, sums, strict=True)]
-        tokens += len(batch.targets)
-        if progress is not None:
-            progress(count)
-    if kept is not None and tokens != len(kept):
-        raise ValueError(f"the teacher's kept positions are {len(kept)}, this text has {tokens}")
-    return _metrics(totals, tokens)
+            return position_sums(model, batch, kept.rows(offset, len(batch.targets)))
+        teacher_lp = response_logprobs(teacher, batch)
+        model_lp = teacher_lp if model is teacher else response_logprobs(model, batch).to(teacher_lp.device)
+        return token_sums(teacher_lp, model_lp, batch.targets.to(teacher_lp.device))
+
+    metrics = _evaluated(prompts, responses, batch_size, progress, sums_of)
+    if kept is not None and metrics.tokens != len(kept):
+        raise ValueError(f"the teacher's kept positions are {len(kept)}, this text has {metrics.tokens}")
+    return metrics
 
 
 @torch.no_grad()
@@ -181,19 +185,16 @@ def summarise_teacher(
     evaluations of models with its LM head read instead of running it (``TeacherPositions``)."""
     teacher.eval()
     head = teacher.get_output_embeddings().weight.double()
-    totals, tokens, parts = [0.0, 0.0, 0.0], 0, []
-    for count, batch in _batches(prompts, responses, batch_size):
+    parts: list[TeacherPositions] = []
+
+    def sums_of(batch: ResponseBatch, _offset: int) -> tuple[float, float, float]:
         logprobs = response_logprobs(teacher, batch)
         targets = batch.targets.to(logprobs.device)
-        totals = [
-            total + value
-            for total, value in zip(totals, token_sums(logprobs, logprobs, targets), strict=True)
-        ]
         parts.append(TeacherPositions.of(logprobs, head, targets))
-        tokens += len(batch.targets)
-        if progress is not None:
-            progress(count)
-    return _metrics(totals, tokens), TeacherPositions.joined(parts)
+        return token_sums(logprobs, logprobs, targets)
+
+    metrics = _evaluated(prompts, responses, batch_size, progress, sums_of)
+    return metrics, TeacherPositions.joined(parts)
 
 
 def evaluate_own_samples(
